@@ -1,0 +1,224 @@
+"""DuckDB schema and every SQL statement TAG runs. No SQL lives anywhere else.
+
+Functions take an open DuckDB connection, so the CLI (`connect`) and Dagster's
+`DuckDBResource` share them. Writes happen inside one transaction each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pandas as pd
+
+from .errors import TagInputError
+from .graph import Edge, Op, OpGraph, Variable
+
+SCHEMA_VERSION = 1
+
+SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS schema_info (version INTEGER NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS models (
+        model TEXT PRIMARY KEY, batch_size INTEGER NOT NULL, source_hash TEXT, graph_hash TEXT NOT NULL,
+        graph_file TEXT, step_file TEXT, summary JSON, captured_at TIMESTAMP DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS ops (
+        model TEXT NOT NULL, idx INTEGER NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL,
+        output_bytes BIGINT, flops BIGINT, parameter_bytes BIGINT, is_parameter BOOLEAN, is_gradient BOOLEAN,
+        is_apply BOOLEAN, is_input BOOLEAN, batch_scaled BOOLEAN, variable TEXT, PRIMARY KEY (model, idx))""",
+    """CREATE TABLE IF NOT EXISTS edges (
+        model TEXT NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL, bytes BIGINT, batch BOOLEAN, tensor TEXT)""",
+    """CREATE TABLE IF NOT EXISTS variables (
+        model TEXT NOT NULL, name TEXT NOT NULL, shape JSON, dtype TEXT, bytes BIGINT, trainable BOOLEAN,
+        owner TEXT, gradient_op TEXT)""",
+    """CREATE TABLE IF NOT EXISTS op_profiles (
+        model TEXT NOT NULL, op TEXT NOT NULL, device_type TEXT NOT NULL, batch_size INTEGER NOT NULL,
+        run INTEGER NOT NULL, time_us DOUBLE NOT NULL, host TEXT, tf_version TEXT,
+        profiled_at TIMESTAMP DEFAULT current_timestamp)""",
+]
+
+PROFILE_COLUMNS = ["model", "op", "device_type", "batch_size", "run", "time_us", "host", "tf_version", "profiled_at"]
+
+
+def tag_home() -> Path:
+    return Path(os.environ.get("TAG_HOME", ".tag"))
+
+
+def default_database() -> Path:
+    return tag_home() / "tag.duckdb"
+
+
+def ensure_schema(conn: duckdb.DuckDBPyConnection) -> None:
+    with transaction(conn):
+        for statement in SCHEMA:
+            conn.execute(statement)
+        row = conn.execute("SELECT max(version) FROM schema_info").fetchone()
+        if row[0] is None:
+            conn.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
+        elif row[0] > SCHEMA_VERSION:
+            raise TagInputError("database", f"schema version {row[0]} is newer than this TAG ({SCHEMA_VERSION})")
+
+
+def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    path = Path(path) if path else default_database()
+    if read_only:
+        if not path.exists():
+            raise TagInputError("database", f"{path} does not exist yet; capture or profile a model first")
+        return duckdb.connect(str(path), read_only=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = duckdb.connect(str(path))
+    ensure_schema(conn)
+    return conn
+
+
+@contextlib.contextmanager
+def transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# ---- captured graphs -------------------------------------------------------
+
+
+def save_op_graph(conn, graph: OpGraph, source_hash: str | None, graph_file: str | None, step_file: str | None) -> None:
+    ops = pd.DataFrame([asdict(op) for op in graph.ops])
+    ops.insert(0, "idx", range(len(ops)))
+    ops.insert(0, "model", graph.model)
+    edges = pd.DataFrame([asdict(e) for e in graph.edges], columns=["src", "dst", "bytes", "batch", "tensor"])
+    edges.insert(0, "model", graph.model)
+    variables = pd.DataFrame([asdict(v) for v in graph.variables])
+    variables["shape"] = variables["shape"].map(lambda s: json.dumps(list(s)))
+    variables.insert(0, "model", graph.model)
+    with transaction(conn):
+        for table in ("ops", "edges", "variables", "models"):
+            conn.execute(f"DELETE FROM {table} WHERE model = ?", [graph.model])
+        conn.register("new_ops", ops)
+        conn.execute(
+            "INSERT INTO ops SELECT model, idx, name, type, output_bytes, flops, parameter_bytes, is_parameter, "
+            "is_gradient, is_apply, is_input, batch_scaled, variable FROM new_ops"
+        )
+        conn.register("new_edges", edges)
+        conn.execute("INSERT INTO edges SELECT model, src, dst, bytes, batch, tensor FROM new_edges")
+        conn.register("new_variables", variables)
+        conn.execute(
+            "INSERT INTO variables SELECT model, name, shape, dtype, bytes, trainable, owner, gradient_op FROM new_variables"
+        )
+        conn.execute(
+            "INSERT INTO models (model, batch_size, source_hash, graph_hash, graph_file, step_file, summary) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [graph.model, graph.batch_size, source_hash, graph.content_hash(), graph_file, step_file,
+             json.dumps(graph.summary())],
+        )
+        for name in ("new_ops", "new_edges", "new_variables"):
+            conn.unregister(name)
+
+
+def captured_model(conn, model: str) -> dict | None:
+    row = conn.execute(
+        "SELECT model, batch_size, source_hash, graph_hash, graph_file, step_file, summary, captured_at "
+        "FROM models WHERE model = ?",
+        [model],
+    ).fetchone()
+    if row is None:
+        return None
+    keys = ["model", "batch_size", "source_hash", "graph_hash", "graph_file", "step_file", "summary", "captured_at"]
+    record = dict(zip(keys, row))
+    record["summary"] = json.loads(record["summary"]) if record["summary"] else {}
+    return record
+
+
+def load_op_graph(conn, model: str) -> OpGraph:
+    record = captured_model(conn, model)
+    if record is None:
+        raise TagInputError("model", f"{model!r} has not been captured; run `tag capture {model}` first")
+    op_rows = conn.execute(
+        "SELECT name, type, output_bytes, flops, parameter_bytes, is_parameter, is_gradient, is_apply, is_input, "
+        "batch_scaled, variable FROM ops WHERE model = ? ORDER BY idx",
+        [model],
+    ).fetchall()
+    edge_rows = conn.execute(
+        "SELECT src, dst, bytes, batch, tensor FROM edges WHERE model = ? ORDER BY src, dst, tensor", [model]
+    ).fetchall()
+    variable_rows = conn.execute(
+        "SELECT name, shape, dtype, bytes, trainable, owner, gradient_op FROM variables WHERE model = ? ORDER BY rowid",
+        [model],
+    ).fetchall()
+    return OpGraph(
+        model=model,
+        batch_size=record["batch_size"],
+        ops=[Op(*row) for row in op_rows],
+        edges=[Edge(*row) for row in edge_rows],
+        variables=[
+            Variable(name, tuple(json.loads(shape)), dtype, size, trainable, owner, gradient)
+            for name, shape, dtype, size, trainable, owner, gradient in variable_rows
+        ],
+    )
+
+
+def list_captured_models(conn) -> list[str]:
+    return [row[0] for row in conn.execute("SELECT model FROM models ORDER BY model").fetchall()]
+
+
+# ---- op profiles -----------------------------------------------------------
+
+
+def replace_profiles(conn, rows: pd.DataFrame) -> int:
+    """Insert profile rows; rows for each (model, device_type, batch_size) they cover replace the old ones."""
+    rows = rows[PROFILE_COLUMNS]
+    keys = rows[["model", "device_type", "batch_size"]].drop_duplicates()
+    with transaction(conn):
+        conn.register("profile_keys", keys)
+        conn.execute(
+            "DELETE FROM op_profiles p USING profile_keys k WHERE p.model = k.model "
+            "AND p.device_type = k.device_type AND p.batch_size = k.batch_size"
+        )
+        conn.register("new_profiles", rows)
+        conn.execute(f"INSERT INTO op_profiles SELECT {', '.join(PROFILE_COLUMNS)} FROM new_profiles")
+        conn.unregister("profile_keys")
+        conn.unregister("new_profiles")
+    return len(rows)
+
+
+def load_profiles(conn, model: str | None = None, device_type: str | None = None) -> pd.DataFrame:
+    """Profile rows, optionally for one model and one device type."""
+    clauses, params = [], []
+    if model is not None:
+        clauses.append("model = ?")
+        params.append(model)
+    if device_type is not None:
+        clauses.append("device_type = ?")
+        params.append(device_type)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return conn.execute(
+        f"SELECT {', '.join(PROFILE_COLUMNS)} FROM op_profiles {where} "
+        "ORDER BY model, device_type, batch_size, op, run",
+        params,
+    ).df()
+
+
+def profile_summary(conn, model: str | None = None) -> pd.DataFrame:
+    where = "WHERE model = ?" if model else ""
+    return conn.execute(
+        "SELECT model, device_type, batch_size, count(DISTINCT op) AS ops, count(DISTINCT run) AS runs, "
+        f"sum(time_us) / count(DISTINCT run) AS step_op_time_us FROM op_profiles {where} "
+        "GROUP BY ALL ORDER BY model, device_type, batch_size",
+        [model] if model else [],
+    ).df()
+
+
+def profile_set_hash(conn, model: str) -> str | None:
+    row = conn.execute(
+        "SELECT md5(string_agg(concat_ws('|', device_type, batch_size, op, run, time_us), ',' "
+        "ORDER BY device_type, batch_size, op, run)) FROM op_profiles WHERE model = ?",
+        [model],
+    ).fetchone()
+    return row[0][:16] if row and row[0] else None
