@@ -1,0 +1,1 @@
+"""One module per `tag` subcommand; each defines `register(subparsers)` and sets `run`."""

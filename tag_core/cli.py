@@ -1,0 +1,46 @@
+"""The `tag` command. Each subcommand lives in `tag_core/commands/<name>.py` and exposes
+`register(subparsers)` (modules named `_*` are helpers); this module finds them, runs one, and maps input errors to exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from . import commands
+from .errors import TagInputError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, exit 2
+        self.exit(2, f"tag: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tag", description="TAG: topology-aware deployment of TensorFlow training.")
+    parser.add_argument("--db", help="DuckDB file (default: $TAG_HOME/tag.duckdb, TAG_HOME defaults to ./.tag)")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except TagInputError as exc:
+        print(f"tag: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tag: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

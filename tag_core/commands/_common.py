@@ -1,0 +1,45 @@
+"""Argument helpers shared by subcommands (not a subcommand itself)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import TagInputError
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def open_store(args, read_only: bool = False):
+    from .. import store
+
+    return store.connect(getattr(args, "db", None), read_only=read_only)
+
+
+def print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def require(condition: bool, where: str, problem: str) -> None:
+    if not condition:
+        raise TagInputError(where, problem)
