@@ -85,7 +85,15 @@ def synthetic_batch(spec: ModelSpec, batch_size: int, seed: int = 0) -> list[np.
 
 
 def build_keras(spec: ModelSpec):
-    """Build the model and its optimizer, turning builder failures into input errors."""
+    """Build the model and its optimizer, turning builder failures into input errors.
+
+    Keras numbers layer names process-wide (dense, dense_1, ...); clearing its
+    session first makes op names the same in every build, so profiles taken in
+    one process match a graph captured in another.
+    """
+    import keras
+
+    keras.backend.clear_session()
     try:
         model = spec.build()
     except TagInputError:

@@ -134,13 +134,7 @@ def _as_spec(built: Any, reference: str, builder: Callable) -> ModelSpec:
     if classes is None:
         raise TagInputError("model", f"the output of {reference} has no fixed last dimension for class labels")
     label_shape = tuple(built.outputs[0].shape[1:-1])
-    first = built  # the builder has already run once: reuse that model the first time
-    consumed = []
-
-    def build():
-        if not consumed:
-            consumed.append(True)
-            return first
+    def build():  # build anew each time: names then come out the same in every build
         return builder()
 
     return ModelSpec(

@@ -1,0 +1,35 @@
+# `make test` and `make demo` create .venv and install the pinned stack when needed.
+# The install re-runs only when pyproject.toml changes (the stamp carries its hash).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo benchmarks clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/tag models
+	$(VENV)/bin/tag capture small_cnn
+	$(VENV)/bin/tag profile small_cnn --batch-sizes 2,4 --runs 5
+
+benchmarks: install
+	$(PY) benchmarks/capture_profile.py
+
+clean:
+	rm -rf $(VENV) .tag .pytest_cache

@@ -1,0 +1,90 @@
+"""Training-graph capture: the OpGraph's facts and its round trip through DuckDB."""
+
+from __future__ import annotations
+
+import pytest
+
+from tag_core import store
+from tag_core.captures import capture_model, ensure_captured, load_step
+from tag_core.graph import capture
+from tag_core.models import resolve_model
+
+
+@pytest.fixture(scope="module")
+def mlp_capture():
+    return capture(resolve_model("mlp[features=20,hidden=16]", batch_size=8))
+
+
+def test_mlp_graph_has_every_phase(mlp_capture):
+    graph = mlp_capture.graph
+    summary = graph.summary()
+    # 20*16+16 + 16*16+16 + 16*10+10
+    assert summary["parameters"] == 20 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10
+    assert summary["parameter_bytes"] == 4 * summary["parameters"]
+    assert summary["gradient_ops"] > 0 and summary["apply_ops"] > 0 and summary["input_ops"] == 2
+    types = {op.type for op in graph.ops}
+    assert {"MatMul", "ReadVariableOp", "AssignSubVariableOp"} <= types
+    # Free ops are gone.
+    assert not types & {"Const", "Identity", "NoOp", "VarHandleOp", "Shape"}
+    # A forward MatMul at batch 8 has 8*16*2*16 flops and is not a gradient op.
+    first = next(op for op in graph.ops if op.type == "MatMul" and not op.is_gradient)
+    assert first.flops == 2 * 8 * 20 * 16
+    assert first.output_bytes == 8 * 16 * 4 and first.batch_scaled
+    # Gradients are batch-free; every trainable variable has one.
+    for variable in graph.variables:
+        if variable.owner == "model" and variable.trainable:
+            gradient = graph.ops[graph.index[variable.gradient_op]]
+            assert gradient.is_gradient and not gradient.batch_scaled
+
+
+def test_edges_carry_bytes_and_batch_flags(mlp_capture):
+    graph = mlp_capture.graph
+    images = graph.index["inputs"]
+    out = [e for e in graph.edges if e.src == images]
+    assert out and all(e.batch and e.bytes == 8 * 20 * 4 for e in out)
+    parameter_edges = [e for e in graph.edges if graph.ops[e.src].is_parameter and e.tensor]
+    assert parameter_edges and not any(e.batch for e in parameter_edges)
+    graph.topological_order()  # acyclic
+
+
+def test_parameter_flags_match_variables(mlp_capture):
+    graph = mlp_capture.graph
+    reads = [op for op in graph.ops if op.is_parameter]
+    assert {op.variable for op in reads} == {v.name for v in graph.variables if v.owner == "model"}
+    assert all(op.parameter_bytes > 0 for op in reads)
+    assert not any(op.is_parameter for op in graph.ops if op.variable and "adam" in op.variable)
+
+
+def test_store_round_trip_and_step_file(tag_home):
+    spec = resolve_model("small_cnn", batch_size=4)
+    conn = store.connect()
+    graph = capture_model(conn, spec)
+    loaded = store.load_op_graph(conn, spec.name)
+    assert loaded.ops == graph.ops and loaded.edges == graph.edges and loaded.variables == graph.variables
+    assert loaded.content_hash() == graph.content_hash()
+    record = store.captured_model(conn, spec.name)
+    assert record["graph_hash"] == graph.content_hash()
+    step = load_step(record["step_file"])
+    assert step.batch_size == 4 and len(step.variables) == len(graph.variables)
+    # Re-capturing replaces, never duplicates.
+    capture_model(conn, spec)
+    assert conn.execute("SELECT count(*) FROM ops WHERE model = ?", [spec.name]).fetchone()[0] == len(graph.ops)
+    # Fresh captures are reused; a different batch size re-captures.
+    assert ensure_captured(conn, spec).content_hash() == graph.content_hash()
+    assert ensure_captured(conn, resolve_model("small_cnn", batch_size=6)).batch_size == 6
+
+
+@pytest.mark.slow
+def test_vgg19_has_the_imagenet_parameter_count():
+    graph = capture(resolve_model("vgg19", batch_size=2)).graph
+    summary = graph.summary()
+    assert summary["parameters"] == 143_667_240
+    assert summary["ops"] > 500
+    assert summary["gradient_ops"] > 0 and summary["apply_ops"] > 0
+
+
+def test_transformer_options_capture():
+    graph = capture(resolve_model("transformer[layers=1,d_model=32,heads=2,ff=64,vocab=50,seq_len=8]", 2)).graph
+    types = {op.type for op in graph.ops}
+    assert "BatchMatMulV2" in types or "Einsum" in types
+    assert graph.summary()["gradient_ops"] > 0
