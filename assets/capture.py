@@ -1,0 +1,47 @@
+"""Stage 1: the training graph of each model, captured into the store."""
+
+# No `from __future__ import annotations`: Dagster checks the `context` annotation
+# as a real type and rejects the string form.
+
+from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster_duckdb import DuckDBResource
+
+from tag_core import store
+from tag_core.captures import capture_model
+from tag_core.models import resolve_model
+from tag_pipelines.errors import input_errors_as_failures
+from tag_pipelines.partitions import model_partitions
+from tag_pipelines.resources import DUCKDB_POOL, open_store
+
+
+@asset(
+    partitions_def=model_partitions,
+    group_name="capture",
+    pool=DUCKDB_POOL,
+    kinds={"tensorflow", "duckdb"},
+)
+def training_graph(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
+    """One training step (forward, loss, gradients, Adam update) as an OpGraph in the
+    `ops`/`edges` tables, plus its GraphDef file under $TAG_HOME/captures."""
+    with input_errors_as_failures():
+        spec = resolve_model(context.partition_key)
+        with open_store(duckdb) as conn:
+            graph = capture_model(conn, spec)
+            record = store.captured_model(conn, spec.name)
+    summary = graph.summary()
+    return MaterializeResult(
+        metadata={
+            "ops": summary["ops"],
+            "edges": summary["edges"],
+            "parameters": summary["parameters"],
+            "parameter_bytes": summary["parameter_bytes"],
+            "gradient_ops": summary["gradient_ops"],
+            "apply_ops": summary["apply_ops"],
+            "flops_per_step": summary["flops_per_step"],
+            "batch_size": summary["batch_size"],
+            "graph_hash": summary["hash"],
+            "graph_file": MetadataValue.path(record["graph_file"]),
+        },
+        # Downstream assets are stale only when the graph itself changed.
+        data_version=DataVersion(summary["hash"]),
+    )

@@ -1,0 +1,18 @@
+"""The TAG code location: `load_from: python_module: tag_pipelines.definitions`."""
+
+from __future__ import annotations
+
+from dagster import Definitions
+
+from assets import ALL_ASSET_CHECKS, ALL_ASSETS
+from sensors import SCHEDULES, SENSORS
+
+from .resources import build_resources
+
+defs = Definitions(
+    assets=ALL_ASSETS,
+    asset_checks=ALL_ASSET_CHECKS,
+    sensors=SENSORS,
+    schedules=SCHEDULES,
+    resources=build_resources(),
+)
