@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from . import store
+from .files import write_atomically
 from .graph import OpGraph, capture
 from .models import ModelSpec, model_source_hash
 from .trace import TracedStep, TracedVariable
@@ -25,20 +24,6 @@ def model_slug(model: str) -> str:
     """A file-system-safe folder name for a model reference."""
     readable = re.sub(r"[^A-Za-z0-9_.=-]+", "_", model).strip("_")[-60:]
     return f"{readable}-{hashlib.sha1(model.encode()).hexdigest()[:8]}"
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def save_step(step: TracedStep, folder: Path) -> tuple[Path, Path]:

@@ -38,7 +38,7 @@ def run_import(args) -> int:
 
 
 def run_export(args) -> int:
-    from ..captures import write_atomically
+    from ..files import write_atomically
     from ..profile_csv import export_profiles
 
     conn = open_store(args, read_only=True)
@@ -47,7 +47,7 @@ def run_export(args) -> int:
     finally:
         conn.close()
     if args.out:
-        write_atomically(Path(args.out), text.encode())
+        write_atomically(Path(args.out), text, make_parents=False)
     else:
         sys.stdout.write(text)
     return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from ..errors import TagInputError
+from ..files import write_atomically
 from ._common import print_json
 
 
@@ -69,21 +68,6 @@ def run_validate(args) -> int:
     return 0
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Temp file in the same directory + rename: a reader (or a sensor) never sees half a file.
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise TagInputError("--out", f"directory {str(directory)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run_random(args) -> int:
     from ..topology import random_topology
 
@@ -91,7 +75,7 @@ def run_random(args) -> int:
     text = json.dumps(topo.to_dict(), indent=2) + "\n"
     if args.out:
         out = Path(args.out)
-        _write_atomic(out, text)
+        write_atomically(out, text, make_parents=False)
         print(f"wrote {out}: {len(topo.machines)} machines, {topo.num_devices} devices (hash {topo.content_hash()})")
     else:
         print(text, end="")
