@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import TagInputError
 from ..files import write_atomically
 from ._common import print_json
 
