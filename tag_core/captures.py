@@ -70,7 +70,8 @@ def load_step(meta_file: str | Path) -> TracedStep:
 def capture_model(conn, spec: ModelSpec) -> OpGraph:
     """Trace `spec`, write its step files, and store its OpGraph. Returns the OpGraph."""
     captured = capture(spec)
-    folder = store.tag_home() / "captures" / model_slug(spec.name)
+    # Absolute: a Dagster run worker may start in another directory.
+    folder = (store.tag_home() / "captures" / model_slug(spec.name)).resolve()
     graph_file, meta_file = save_step(captured.step, folder)
     store.save_op_graph(conn, captured.graph, model_source_hash(spec), str(graph_file), str(meta_file))
     return captured.graph

@@ -12,6 +12,7 @@ and its consumer carries the fused kernel's time.
 from __future__ import annotations
 
 import datetime
+import gc
 import socket
 from collections import defaultdict
 
@@ -38,18 +39,16 @@ def detect_device_type() -> str:
     return normalise_device_name(details.get("device_name", "gpu"))
 
 
-def random_init_feed(step: TracedStep, seed: int = 0) -> dict[str, np.ndarray]:
-    """Initial values for profiling: small random parameters, zero optimizer state."""
+def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
+    """Small random parameters, zero optimizer state; one variable at a time to keep memory flat."""
     rng = np.random.default_rng(seed)
-    feed = {}
     for i, variable in enumerate(step.variables):
         dtype = np.dtype(variable.dtype)
         if variable.owner == "model" and dtype.kind == "f":
             value = (rng.standard_normal(variable.shape, dtype=np.float32) * 0.05).astype(dtype)
         else:
             value = np.zeros(variable.shape, dtype=dtype)
-        feed[f"{INIT_SCOPE}/value_{i}:0"] = value
-    return feed
+        session.run(f"{INIT_SCOPE}/assign_{i}", feed_dict={f"{INIT_SCOPE}/value_{i}:0": value})
 
 
 def _session(step: TracedStep):
@@ -84,7 +83,7 @@ def profile_step(step: TracedStep, spec: ModelSpec, op_names: list[str], runs: i
 
     session = _session(step)
     try:
-        session.run(step.init_op, feed_dict=random_init_feed(step))
+        initialise_randomly(session, step)
         feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
         fetches = [step.loss_tensor, step.train_ops]
         for _ in range(warmup):
@@ -127,19 +126,25 @@ def profile_model(
     op_names = [op.name for op in graph.ops]
     device_type = detect_device_type()
     host, version = socket.gethostname(), tf.__version__
+    # Trace every batch size first, then free the Keras model and optimizer state
+    # before any Session allocates its own copy of the variables.
+    steps = {}
     keras_objects = None
+    for batch in batch_sizes:
+        if batch == record["batch_size"]:
+            steps[batch] = load_step(record["step_file"])
+        else:
+            keras_objects = keras_objects or build_keras(spec)
+            steps[batch] = trace_step(spec, batch, keras_objects)
+            steps[batch].keras_model = steps[batch].keras_optimizer = None
+    del keras_objects
+    gc.collect()
     rows = []
     with tqdm(total=len(batch_sizes) * runs, desc=f"profile {spec.name}", unit="run", disable=not show_progress) as bar:
         for batch in batch_sizes:
             bar.set_postfix(batch=batch)
-            if batch == record["batch_size"]:
-                step = load_step(record["step_file"])
-            else:
-                keras_objects = keras_objects or build_keras(spec)
-                step = trace_step(spec, batch, keras_objects)
-            for run, op, micros in profile_step(step, spec, op_names, runs, warmup, bar):
+            for run, op, micros in profile_step(steps.pop(batch), spec, op_names, runs, warmup, bar):
                 rows.append((spec.name, op, device_type, batch, run, micros))
-            del step
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     frame = pd.DataFrame(rows, columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
     frame["host"], frame["tf_version"], frame["profiled_at"] = host, version, now

@@ -54,21 +54,9 @@ class TracedStep:
     keras_model: Any = field(default=None, repr=False)
     keras_optimizer: Any = field(default=None, repr=False)
 
-    def init_feed(self) -> dict[str, np.ndarray]:
-        """Initial values keyed by the init placeholders, from the Keras objects."""
-        values = {}
-        by_name = {_path(v): v for v in _all_variables(self.keras_model, self.keras_optimizer)}
-        for i, variable in enumerate(self.variables):
-            values[f"{INIT_SCOPE}/value_{i}:0"] = np.asarray(by_name[variable.name].numpy())
-        return values
-
 
 def _path(variable) -> str:
     return getattr(variable, "path", None) or variable.name
-
-
-def _all_variables(model, optimizer):
-    return list(model.variables) + list(optimizer.variables)
 
 
 def synthetic_batch(spec: ModelSpec, batch_size: int, seed: int = 0) -> list[np.ndarray]:
