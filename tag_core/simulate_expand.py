@@ -1,0 +1,304 @@
+"""Per-strategy expansion for the simulator: where each op runs, what moves between devices.
+
+Everything here is vectorised over ops and edges; Python loops run only over the few
+distinct (source placement, destination placement) pairs, groups and sync units.
+
+Placement kinds: SPLIT (replicated, each replica on its batch share), FULL (duplicated,
+full batch everywhere), SINGLE (one device: model-parallel ops and PS updates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import LATENCY_S, hierarchical_allreduce_time
+from .errors import TagInputError
+from .strategy import Strategy
+
+SPLIT, FULL, SINGLE = 0, 1, 2
+KINDS = ("p2p", "ps_pull", "ps_push", "gather", "allreduce")
+P2P, PS_PULL, PS_PUSH, GATHER, ALLREDUCE = range(5)
+NORMAL, PUSH, REDUCED = 0, 1, 2  # how an edge's data reaches its consumer
+
+
+@dataclass
+class Placement:
+    kind: np.ndarray  # per op: SPLIT / FULL / SINGLE
+    pl: np.ndarray  # per op: placement id (group g, or n_groups + device for SINGLE)
+    group_active: np.ndarray  # bool (G, D): devices of each group
+    group_share: np.ndarray  # (G, D): batch fraction of each device within its group
+    single_dev: np.ndarray  # per op: device of SINGLE ops, else -1
+    op_batch_frac: np.ndarray | None = None  # filled per device later
+
+
+@dataclass
+class Transfers:
+    """Point-to-point transfers, one row each (vectorised)."""
+
+    cons_op: np.ndarray
+    cons_dev: np.ndarray
+    src_op: np.ndarray  # -1: available at time 0 (a PS pull)
+    src_dev: np.ndarray
+    nbytes: np.ndarray
+    channel: np.ndarray
+    kind: np.ndarray
+
+
+@dataclass
+class Collective:
+    devices: np.ndarray  # participants
+    inputs: np.ndarray  # ops whose instances on every participant must finish first
+    consumers: np.ndarray  # (op, device) pairs waiting for it, shape (k, 2)
+    channels: tuple[int, ...]
+    duration: float
+    nbytes: float
+
+
+def place(ctx, s: Strategy) -> Placement:
+    """Kinds, devices and batch fractions of every op under strategy `s`."""
+    G, D = s.num_groups, ctx.num_devices
+    shares = s.batch_shares
+    active = s.masks[:, ctx.dev_machine] & (shares > 0)[None, :]
+    for g in np.flatnonzero(~active.any(axis=1)):
+        raise TagInputError(f"groups[{g}]", "its machines have no device with a positive batch share")
+    weighted = np.where(active, shares[None, :], 0.0)
+    group_share = weighted / weighted.sum(axis=1, keepdims=True)
+    opt = np.array([_OPTION_CODE[o] for o in s.options])
+    g_of = s.op_groups
+    op_opt = opt[g_of]
+    kind = np.where(op_opt == 2, FULL, SPLIT).astype(np.int8)
+    single = np.full(ctx.n, -1, dtype=np.int64)
+
+    # Model parallel: the strategy's device per op, else contiguous chunks of the schedule.
+    for g in np.flatnonzero(opt == 3):
+        devs = np.flatnonzero(active[g])
+        ops = ctx.order[g_of[ctx.order] == g]
+        chosen = s.op_devices[ops] if s.op_devices is not None else np.full(len(ops), -1)
+        missing = chosen < 0
+        if missing.any():
+            work = ctx.ref_time[ops]
+            cum = np.cumsum(work) - work * 0.5
+            chunk = np.minimum((cum / max(work.sum(), 1e-30) * len(devs)).astype(np.int64), len(devs) - 1)
+            chosen = np.where(missing, devs[chunk], chosen)
+        single[ops] = chosen
+        kind[ops] = SINGLE
+
+    # PS: each variable's update runs on one PS, round-robin over the group's devices.
+    for g in np.flatnonzero(opt == 1):
+        devs = np.flatnonzero(active[g])
+        ops = np.flatnonzero((g_of == g) & (ctx.apply_owner >= 0))
+        if len(ops) == 0:
+            continue
+        owners, rank = np.unique(ctx.apply_owner[ops], return_inverse=True)
+        single[ops] = devs[rank % len(devs)]
+        kind[ops] = SINGLE
+    pl = np.where(kind == SINGLE, G + single, g_of)
+    return Placement(kind=kind, pl=pl, group_active=active, group_share=group_share, single_dev=single)
+
+
+_OPTION_CODE = {"allreduce": 0, "ps": 1, "duplicate": 2, "model_parallel": 3}
+
+
+def _placement_desc(ctx, p: Placement, s: Strategy, pl: int):
+    """(kind, devices, batch intervals (lo, hi) per device, option) of placement id `pl`."""
+    G = s.num_groups
+    if pl >= G:
+        dev = pl - G
+        return SINGLE, np.array([dev]), np.array([0.0]), np.array([1.0]), -1
+    devs = np.flatnonzero(p.group_active[pl])
+    frac = p.group_share[pl, devs]
+    hi = np.cumsum(frac)
+    lo = hi - frac
+    hi[-1] = 1.0
+    kind = FULL if s.options[pl] == "duplicate" else SPLIT
+    return kind, devs, lo, hi, _OPTION_CODE[s.options[pl]]
+
+
+def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> Transfers:
+    """The transfers every edge needs under placement `p`.
+
+    An edge pattern depends only on (source placement, destination placement, batch flag,
+    sync mode), so patterns are worked out once per distinct combination and stamped onto
+    all edges that share it.
+    """
+    src_pl, dst_pl = p.pl[ctx.e_src], p.pl[ctx.e_dst]
+    # Gradient edges: pushed to the PS when the update is SINGLE and the gradient is in a PS group,
+    # otherwise the AllReduce (when there is one) hands every replica the reduced gradient.
+    mode = np.zeros(len(ctx.e_src), dtype=np.int64)
+    sync = ctx.e_sync_var >= 0
+    if sync.any():
+        var = ctx.e_sync_var
+        reduced = sync & reduced_vars[np.maximum(var, 0)]
+        mode[reduced] = REDUCED
+        ps_src = (p.kind[ctx.e_src] == SPLIT) & (s.options_arr[s.op_groups[ctx.e_src]] == 1)
+        mode[sync & ~reduced & ps_src & (p.kind[ctx.e_dst] == SINGLE)] = PUSH
+    P = s.num_groups + ctx.num_devices
+    key = ((src_pl * P + dst_pl) * 2 + ctx.e_batch) * 3 + mode
+    cross = src_pl != dst_pl
+    if not cross.any() and not (mode == PUSH).any():
+        return _empty_transfers()
+    uniq, inverse = np.unique(key, return_inverse=True)
+    pieces = []
+    for u_i, u in enumerate(uniq.tolist()):
+        m = u % 3
+        b = (u // 3) % 2
+        pair = u // 6
+        sp, dp = divmod(pair, P)
+        if sp == dp and m != PUSH:
+            continue  # same placement: every replica reads its own producer
+        rows = _pattern(ctx, _placement_desc(ctx, p, s, sp), _placement_desc(ctx, p, s, dp), bool(b), m)
+        if not rows:
+            continue
+        edges = np.flatnonzero(inverse == u_i)
+        r = np.array(rows, dtype=np.float64)  # (src_dev, dst_dev, frac, kind)
+        n_e, n_r = len(edges), len(rows)
+        e_rep = np.repeat(edges, n_r)
+        r_til = np.tile(r, (n_e, 1))
+        pieces.append((e_rep, r_til))
+    if not pieces:
+        return _empty_transfers()
+    e_idx = np.concatenate([e for e, _ in pieces])
+    rows = np.concatenate([r for _, r in pieces])
+    src_dev = rows[:, 0].astype(np.int64)
+    dst_dev = rows[:, 1].astype(np.int64)
+    nbytes = ctx.e_bytes[e_idx] * rows[:, 2]
+    return Transfers(
+        cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev, src_op=ctx.e_src[e_idx], src_dev=src_dev, nbytes=nbytes,
+        channel=ctx.dev_channel[src_dev, dst_dev], kind=rows[:, 3].astype(np.int64),
+    )
+
+
+def _pattern(ctx, src, dst, batch: bool, mode: int) -> list[tuple[int, int, float, int]]:
+    """Rows (src_dev, dst_dev, fraction of the edge's bytes, kind) for one placement pair."""
+    s_kind, s_devs, s_lo, s_hi, _ = src
+    d_kind, d_devs, d_lo, d_hi, _ = dst
+    rows = []
+    if mode == PUSH:
+        for d in d_devs.tolist():
+            rows += [(p, d, 1.0, PS_PUSH) for p in s_devs.tolist() if p != d]
+        return rows
+    split_source = s_kind == SPLIT and batch and mode != REDUCED
+    held = set(s_devs.tolist())
+    for i, d in enumerate(d_devs.tolist()):
+        lo, hi = (d_lo[i], d_hi[i]) if (d_kind == SPLIT and batch) else (0.0, 1.0)
+        if split_source:
+            overlap = np.minimum(hi, s_hi) - np.maximum(lo, s_lo)
+            for j in np.flatnonzero(overlap > 1e-12).tolist():
+                p = int(s_devs[j])
+                if p != d:
+                    rows.append((p, d, float(overlap[j]), GATHER if d_kind != SPLIT else P2P))
+        elif d not in held:
+            p = int(s_devs[np.argmax(ctx.dev_bw[d, s_devs])])
+            rows.append((p, d, (hi - lo) if batch else 1.0, P2P))
+    return rows
+
+
+def ps_pulls(ctx, p: Placement, s: Strategy) -> Transfers:
+    """Workers of a PS group fetch each variable from its PS before reading it."""
+    ps_dev = np.full(ctx.num_vars, -1, dtype=np.int64)
+    owned = (p.kind == SINGLE) & (ctx.apply_owner >= 0) & (s.options_arr[s.op_groups] == 1)
+    ops = np.flatnonzero(owned)
+    ps_dev[ctx.apply_owner[ops[::-1]]] = p.single_dev[ops[::-1]]  # first op of each owner wins
+    reads = ctx.param_reads
+    reads = reads[(s.options_arr[s.op_groups[reads]] == 1) & (ps_dev[ctx.op_var[reads]] >= 0)]
+    if len(reads) == 0:
+        return _empty_transfers()
+    src = ps_dev[ctx.op_var[reads]]
+    members = p.group_active[s.op_groups[reads]]  # (r, D)
+    r_idx, dev = np.nonzero(members & (np.arange(ctx.num_devices)[None, :] != src[:, None]))
+    if len(r_idx) == 0:
+        return _empty_transfers()
+    ops = reads[r_idx]
+    return Transfers(
+        cons_op=ops, cons_dev=dev, src_op=np.full(len(ops), -1), src_dev=src[r_idx],
+        nbytes=ctx.param_bytes[ops], channel=ctx.dev_channel[src[r_idx], dev], kind=np.full(len(ops), PS_PULL),
+    )
+
+
+def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[list[Collective], np.ndarray]:
+    """AllReduce units (fused into buckets when fusion_bytes > 0), and which variables are reduced."""
+    reduced = np.zeros(ctx.num_vars, dtype=bool)
+    gops = ctx.sync_grad_op  # per sync variable (index into ctx.sync_vars)
+    if len(gops) == 0:
+        return [], reduced
+    g_of = s.op_groups[gops]
+    n_act = p.group_active[g_of].sum(axis=1)
+    opt = s.options_arr[g_of]
+    split = p.kind[gops] == SPLIT
+    # PS gradients with a SINGLE update are pushed instead; every other replicated gradient is reduced.
+    push = (opt == 1) & ctx.sync_all_single(p.kind)
+    chosen = split & (n_act > 1) & ~push
+    vars_ = ctx.sync_vars[chosen]
+    reduced[vars_] = True
+    if not chosen.any():
+        return [], reduced
+    idx = np.flatnonzero(chosen)
+    idx = idx[np.argsort(ctx.pos[gops[idx]], kind="stable")]
+    units: list[list[int]] = []
+    current: list[int] = []
+    size = 0.0
+    last_g = -1
+    for i in idx.tolist():
+        g = int(g_of[i])
+        if current and (g != last_g or s.fusion_bytes <= 0 or size >= s.fusion_bytes):
+            units.append(current)
+            current, size = [], 0.0
+        current.append(i)
+        size += ctx.sync_bytes[i]
+        last_g = g
+    units.append(current)
+    out = []
+    for unit in units:
+        g = int(g_of[unit[0]])
+        devs = np.flatnonzero(p.group_active[g])
+        nbytes = float(ctx.sync_bytes[unit].sum())
+        cons_ops = np.concatenate([ctx.sync_consumers[i] for i in unit])
+        cons = _consumer_instances(p, cons_ops, devs)
+        duration, channels = _allreduce_cost(ctx, devs, nbytes)
+        out.append(Collective(devs, gops[unit], cons, channels, duration, nbytes))
+    return out, reduced
+
+
+def _consumer_instances(p: Placement, ops: np.ndarray, devs: np.ndarray) -> np.ndarray:
+    rows = []
+    for op in ops.tolist():
+        if p.kind[op] == SINGLE:
+            rows.append((op, int(p.single_dev[op])))
+        else:
+            g = p.pl[op]
+            rows += [(op, d) for d in np.flatnonzero(p.group_active[g]).tolist()]
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def _allreduce_cost(ctx, devs: np.ndarray, nbytes: float) -> tuple[float, tuple[int, ...]]:
+    machines, counts = np.unique(ctx.dev_machine[devs], return_counts=True)
+    intra = [ctx.machine_bw[m, m] for m in machines.tolist()]
+    channels = [int(m) for m, k in zip(machines.tolist(), counts.tolist()) if k > 1]
+    inter = 0.0
+    if len(machines) > 1:
+        ring = list(zip(machines.tolist(), np.roll(machines, -1).tolist()))
+        inter = min(ctx.machine_bw[a, b] for a, b in ring)
+        channels += sorted({int(ctx.dev_channel_m[a, b]) for a, b in ring})
+    t = hierarchical_allreduce_time(nbytes, counts.tolist(), intra, inter if inter else 1.0)
+    return t, tuple(channels)
+
+
+def _empty_transfers() -> Transfers:
+    z = np.zeros(0, dtype=np.int64)
+    return Transfers(z, z, z, z, np.zeros(0), z, z)
+
+
+def concat_transfers(parts: list[Transfers]) -> Transfers:
+    parts = [t for t in parts if len(t.cons_op)]
+    if not parts:
+        return _empty_transfers()
+    if len(parts) == 1:
+        return parts[0]
+    return Transfers(*(np.concatenate([getattr(t, f) for t in parts]) for f in
+                       ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind")))
+
+
+def transfer_durations(ctx, t: Transfers) -> np.ndarray:
+    return LATENCY_S + t.nbytes / ctx.channel_bps[t.channel]

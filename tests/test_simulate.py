@@ -1,0 +1,231 @@
+"""Simulator tests with answers worked out by hand from the cost model's formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simgraphs import BATCH, W_BYTES, profiles, topology, train_graph
+from tag_core.cost import LATENCY_S, bytes_per_s, ring_allreduce_time, transfer_time
+from tag_core.errors import TagInputError
+from tag_core.graph import Edge, Op, OpGraph
+from tag_core.simulate import Simulator, simulate
+from tag_core.strategy import Strategy
+
+V100 = "V100-32GB"
+
+
+def _dp(graph, topo, shares=None, option="allreduce", **kw) -> Strategy:
+    return Strategy.uniform(len(graph.ops), topo.num_machines, topo.num_devices, option, batch_shares=shares, **kw)
+
+
+def _times(graph, device_type, batch, per_sample_us=10.0, constant_us=5.0):
+    """What the profile says each op takes at `batch` (medians of the fixture's runs)."""
+    return {op.name: 1e-6 * (per_sample_us * batch if op.batch_scaled else constant_us) for op in graph.ops}
+
+
+def test_one_device_is_the_sum_of_op_times():
+    g = train_graph(layers=2)
+    topo = topology(("m", V100, 1, 100.0))
+    result = simulate(g, topo, _dp(g, topo), profiles(g, V100))
+    assert result.iteration_time_s == pytest.approx(sum(_times(g, V100, BATCH).values()), rel=1e-9)
+    assert result.busy_s[0] == pytest.approx(result.iteration_time_s)
+    assert result.idle_s[0] == pytest.approx(0.0, abs=1e-12)
+    assert sum(result.comm_s.values()) == 0.0
+    # Every op ran, in a topological order, back to back.
+    order = np.argsort(result.op_start_s, kind="stable")
+    assert np.allclose(result.op_start_s[order][1:], result.op_end_s[order][:-1])
+    for e in g.edges:
+        assert result.op_end_s[e.src] <= result.op_start_s[e.dst] + 1e-15
+
+
+def test_two_device_data_parallel_matches_the_allreduce_formula():
+    g = train_graph(layers=1)
+    intra = 50.0
+    topo = topology(("m", V100, 2, intra))
+    result = simulate(g, topo, _dp(g, topo, overlap=False), profiles(g, V100))
+    half = _times(g, V100, BATCH / 2)
+    compute = sum(t for name, t in half.items() if not name.startswith("apply"))
+    allreduce = 2 * (2 - 1) / 2 * W_BYTES / bytes_per_s(intra) + 2 * (2 - 1) * LATENCY_S
+    assert allreduce == pytest.approx(ring_allreduce_time(W_BYTES, 2, intra))
+    expected = compute + allreduce + half["apply0"]
+    assert result.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert result.comm_s["allreduce"] == pytest.approx(allreduce)
+    assert result.simulated_slots == 1  # the two devices are interchangeable
+    assert np.allclose(result.busy_s, compute + half["apply0"])
+
+
+def test_gradient_sync_overlaps_the_backward_pass_only_when_allowed():
+    g = train_graph(layers=3)
+    topo = topology(("m", V100, 2, 10.0))
+    sim = Simulator(g, topo, profiles(g, V100))
+    overlapped = sim.run(_dp(g, topo, overlap=True))
+    after = sim.run(_dp(g, topo, overlap=False))
+    assert overlapped.comm_s == after.comm_s
+    assert overlapped.iteration_time_s < after.iteration_time_s
+    # Without overlap the first AllReduce waits for the last gradient op.
+    last_gradient = max(after.op_end_s[i] for i, op in enumerate(g.ops) if op.is_gradient)
+    first_apply = min(after.op_start_s[i] for i, op in enumerate(g.ops) if op.is_apply)
+    assert first_apply >= last_gradient + ring_allreduce_time(W_BYTES, 2, 10.0) - 1e-12
+
+
+def test_ps_and_allreduce_differ_as_their_formulas_say():
+    g = train_graph(layers=1)
+    intra = 20.0
+    topo = topology(("m", V100, 4, intra))
+    sim = Simulator(g, topo, profiles(g, V100))
+    ar = sim.run(_dp(g, topo))
+    ps = sim.run(_dp(g, topo, option="ps"))
+    # AllReduce: one ring over 4 devices. PS: three workers pull and push through one channel.
+    assert ar.comm_s["allreduce"] == pytest.approx(ring_allreduce_time(W_BYTES, 4, intra))
+    assert ps.comm_s["allreduce"] == 0.0
+    assert ps.comm_s["ps_pull"] == pytest.approx(3 * transfer_time(W_BYTES, intra))
+    assert ps.comm_s["ps_push"] == pytest.approx(3 * transfer_time(W_BYTES, intra))
+    # Pulls queue before the forward pass and pushes after it, so PS is slower here by at least
+    # the serialised pulls + pushes minus the ring it replaces.
+    assert ps.iteration_time_s - ar.iteration_time_s >= 6 * transfer_time(W_BYTES, intra) * 0.5
+    # Only the PS (device 0) keeps optimizer work; workers pulled copies of the weights.
+    assert ps.busy_s[0] > ps.busy_s[1]
+    assert ps.peak_memory_bytes[0] > ps.peak_memory_bytes[1]
+    # A single device: no difference at all.
+    one = topology(("m", V100, 1, intra))
+    assert simulate(g, one, _dp(g, one, option="ps")).iteration_time_s == pytest.approx(
+        simulate(g, one, _dp(g, one)).iteration_time_s)
+
+
+def test_parameters_larger_than_memory_are_oom():
+    small = train_graph(weight_bytes=1_000_000)
+    huge = train_graph(weight_bytes=20_000_000_000)
+    topo = topology(("m", "V100-16GB", 2, 100.0))
+    assert not simulate(small, topo, _dp(small, topo)).oom
+    result = simulate(huge, topo, _dp(huge, topo))
+    assert result.oom and result.device_oom.all()
+    assert (result.peak_memory_bytes >= 20e9).all()
+    assert (result.memory_capacity_bytes == 16e9).all()
+
+
+def _fan_in(bytes_each: int, inputs: int) -> OpGraph:
+    ops = [Op(f"a{i}", "Relu", bytes_each, 0) for i in range(inputs)] + [Op("c", "AddN", 4, 0)]
+    edges = [Edge(i, inputs, bytes_each, False, f"a{i}:0") for i in range(inputs)]
+    return OpGraph("fan", 1, ops, edges, [])
+
+
+def test_two_transfers_on_one_link_take_longer_than_one():
+    topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), inter_gbps=10.0)
+    nbytes = 50_000_000
+    times = []
+    for inputs in (1, 2):
+        g = _fan_in(nbytes, inputs)
+        devices = np.array([0] * inputs + [1])
+        s = Strategy.uniform(len(g.ops), 2, 2, "model_parallel", op_devices=devices)
+        times.append(simulate(g, topo, s, profiles(g, V100)))  # every op 5 us
+    one, two = times
+    x = transfer_time(nbytes, 10.0)
+    assert one.comm_s["p2p"] == pytest.approx(x)
+    assert two.comm_s["p2p"] == pytest.approx(2 * x)
+    # The second transfer queues behind the first on the one link.
+    assert two.iteration_time_s - one.iteration_time_s == pytest.approx(x, rel=1e-3)
+
+
+def test_transfers_on_different_links_run_in_parallel():
+    g = OpGraph("pair", 1, [Op("a", "Relu", 10**8, 0), Op("b", "Relu", 10**8, 0), Op("c", "Neg", 4, 0), Op("d", "Neg", 4, 0)],
+                [Edge(0, 2, 10**8, False, "a:0"), Edge(1, 3, 10**8, False, "b:0")], [])
+    topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), ("m2", V100, 1, 100.0), inter_gbps=10.0)
+    same = simulate(g, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 0, 1, 1])))
+    apart = simulate(g, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 0, 1, 2])))
+    assert apart.iteration_time_s < same.iteration_time_s
+
+
+def test_a_slower_gpu_type_is_slower():
+    g = train_graph(layers=2)
+    cpu_profile = profiles(g, "cpu", per_sample_us=200.0, constant_us=20.0)
+    fast = simulate(g, topology(("m", "H100-80GB", 1, 100.0)), _dp(g, topology(("m", "H100-80GB", 1, 100.0))), cpu_profile)
+    slow = simulate(g, topology(("m", "T4", 1, 100.0)), _dp(g, topology(("m", "T4", 1, 100.0))), cpu_profile)
+    assert slow.iteration_time_s > fast.iteration_time_s
+    # Without any profile the roofline alone must agree.
+    assert simulate(g, topology(("m", "T4", 1, 1.0)), _dp(g, topology(("m", "T4", 1, 1.0)))).iteration_time_s > \
+        simulate(g, topology(("m", "H100-80GB", 1, 1.0)), _dp(g, topology(("m", "H100-80GB", 1, 1.0)))).iteration_time_s
+
+
+def test_uneven_shares_give_uneven_work():
+    g = train_graph(layers=2)
+    topo = topology(("m", V100, 2, 100.0))
+    r = simulate(g, topo, _dp(g, topo, shares=np.array([3.0, 1.0])), profiles(g, V100, batches=(2, 4, 6, 8)))
+    assert r.simulated_slots == 2
+    assert r.busy_s[0] > r.busy_s[1]
+
+
+def test_duplicate_computes_the_full_batch_everywhere_without_sync():
+    g = train_graph(layers=1)
+    topo = topology(("m", V100, 2, 100.0))
+    r = simulate(g, topo, _dp(g, topo, option="duplicate"), profiles(g, V100))
+    assert sum(r.comm_s.values()) == 0.0
+    assert r.iteration_time_s == pytest.approx(sum(_times(g, V100, BATCH).values()))
+
+
+def test_symmetry_shortcut_is_exact_and_results_are_deterministic():
+    g = train_graph(layers=3)
+    topo = topology(("a", V100, 3, 100.0), ("b", "T4", 2, 50.0), inter_gbps=25.0)
+    prof = profiles(g, V100)
+    sim = Simulator(g, topo, prof)
+    s = _dp(g, topo)
+    merged = sim.run(s)
+    assert merged.simulated_slots == 2
+    # Mixed placement forces full expansion of the same work: a second group on the same devices.
+    s2 = Strategy(np.arange(len(g.ops)) % 2, np.ones((2, 2), bool), ["allreduce", "allreduce"], np.ones(5))
+    split_groups = sim.run(s2)
+    assert split_groups.iteration_time_s == pytest.approx(merged.iteration_time_s)
+    again = Simulator(g, topo, prof).run(s)
+    for field in ("peak_memory_bytes", "busy_s", "op_start_s", "op_end_s", "op_idle_after_s"):
+        assert np.array_equal(getattr(merged, field), getattr(again, field))
+    assert merged.iteration_time_s == again.iteration_time_s
+    assert merged.comm_s == again.comm_s
+
+
+def test_multi_machine_allreduce_is_hierarchical_and_waits_for_slow_devices():
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 2, 100.0), ("b", V100, 2, 100.0), inter_gbps=10.0)
+    r = simulate(g, topo, _dp(g, topo), profiles(g, V100))
+    from tag_core.cost import hierarchical_allreduce_time
+    assert r.comm_s["allreduce"] == pytest.approx(hierarchical_allreduce_time(W_BYTES, [2, 2], [100.0, 100.0], 10.0))
+
+
+def test_timeline_holds_compute_and_communication():
+    g = train_graph(layers=2)
+    topo = topology(("m", V100, 2, 100.0))
+    r = simulate(g, topo, _dp(g, topo), profiles(g, V100), timeline=True)
+    tl = r.timeline
+    assert len(tl.compute_op) == 2 * len(g.ops)
+    assert set(tl.compute_device.tolist()) == {0, 1}
+    assert len(tl.comm_start) == 2 * 2  # two AllReduces, shown on both devices
+    assert (tl.compute_end >= tl.compute_start).all() and tl.compute_end.max() <= r.iteration_time_s + 1e-12
+
+
+def test_bad_strategies_name_the_field():
+    g = train_graph()
+    topo = topology(("m", V100, 2, 100.0))
+    sim = Simulator(g, topo)
+    with pytest.raises(TagInputError, match="batch_shares"):
+        sim.run(_dp(g, topo, shares=np.ones(3)))
+    with pytest.raises(TagInputError, match="op_groups"):
+        sim.run(Strategy.uniform(3, 1, 2))
+    two = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0))
+    with pytest.raises(TagInputError, match=r"groups\[0\]"):
+        Simulator(g, two).run(_dp(g, two, shares=np.array([1.0, 0.0]), mask=np.array([False, True])))
+
+
+def test_zoo_models_simulate_on_the_example_testbed(tmp_path):
+    from pathlib import Path
+
+    from tag_core.graph import capture
+    from tag_core.models import resolve_model
+    from tag_core.topology import load_topology
+
+    topo = load_topology(Path(__file__).parent.parent / "examples" / "topologies" / "testbed.json")
+    g = capture(resolve_model("small_cnn")).graph
+    sim = Simulator(g, topo)
+    for option in ("allreduce", "ps", "duplicate", "model_parallel"):
+        r = sim.run(_dp(g, topo, option=option))
+        assert 0 < r.iteration_time_s < 10 and not r.oom
+        assert np.all(r.op_end_s >= r.op_start_s)
+        assert np.all(r.busy_s <= r.iteration_time_s + 1e-12)
