@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from . import store
+from .errors import TagInputError
 from .files import write_atomically
 from .graph import OpGraph, capture
 from .models import ModelSpec, model_source_hash
@@ -67,11 +70,17 @@ def load_step(meta_file: str | Path) -> TracedStep:
     )
 
 
+def capture_folder(model: str) -> Path:
+    # Absolute: a Dagster run worker may start in another directory.
+    return (store.tag_home() / "captures" / model_slug(model)).resolve()
+
+
 def capture_model(conn, spec: ModelSpec) -> OpGraph:
     """Trace `spec`, write its step files, and store its OpGraph. Returns the OpGraph."""
     captured = capture(spec)
-    # Absolute: a Dagster run worker may start in another directory.
-    folder = (store.tag_home() / "captures" / model_slug(spec.name)).resolve()
+    folder = capture_folder(spec.name)
+    for stale in folder.glob("step_b*"):  # steps of an older version of the model
+        stale.unlink()
     graph_file, meta_file = save_step(captured.step, folder)
     store.save_op_graph(conn, captured.graph, model_source_hash(spec), str(graph_file), str(meta_file))
     return captured.graph
@@ -90,3 +99,46 @@ def ensure_captured(conn, spec: ModelSpec) -> OpGraph:
     if fresh:
         return store.load_op_graph(conn, spec.name)
     return capture_model(conn, spec)
+
+
+def ensure_step_files(spec: ModelSpec, batch_sizes: list[int]) -> dict[int, Path]:
+    """Step metadata files for each batch size, tracing the missing ones in a child process.
+
+    Tracing needs the Keras model and optimizer state in memory (1.7 GB for
+    VGG19); a child process gives all of it back before anything runs.
+    """
+    folder = capture_folder(spec.name)
+    files = {batch: folder / f"step_b{batch}.json" for batch in batch_sizes}
+    missing = [batch for batch, path in files.items() if not path.exists()]
+    if missing:
+        command = [sys.executable, "-m", "tag_core.captures", spec.name, str(spec.batch_size), str(folder),
+                   ",".join(map(str, missing))]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            lines = [line for line in result.stderr.splitlines() if line.startswith("tag: error: ")]
+            if lines:
+                where, _, problem = lines[-1].removeprefix("tag: error: ").partition(": ")
+                raise TagInputError(where, problem)
+            raise RuntimeError(f"tracing {spec.name} failed:\n{result.stderr[-3000:]}")
+    return files
+
+
+def _trace_in_child(model: str, batch_size: int, folder: str, batches: str) -> int:
+    from .models import resolve_model
+    from .trace import build_keras, trace_step
+
+    try:
+        spec = resolve_model(model, batch_size)
+        keras_objects = build_keras(spec)
+        for batch in map(int, batches.split(",")):
+            save_step(trace_step(spec, batch, keras_objects), Path(folder))
+    except TagInputError as exc:
+        print(f"tag: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5:
+        sys.exit("usage: python -m tag_core.captures MODEL BATCH_SIZE FOLDER BATCHES")
+    sys.exit(_trace_in_child(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]))

@@ -12,7 +12,6 @@ and its consumer carries the fused kernel's time.
 from __future__ import annotations
 
 import datetime
-import gc
 import socket
 from collections import defaultdict
 
@@ -20,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 from . import store
-from .captures import ensure_captured, load_step
+from .captures import ensure_captured, ensure_step_files, load_step
 from .errors import TagInputError
 from .models import ModelSpec
-from .trace import INIT_SCOPE, TracedStep, build_keras, synthetic_batch, trace_step
+from .trace import INIT_SCOPE, TracedStep, synthetic_batch
 
 
 def detect_device_type() -> str:
@@ -122,28 +121,15 @@ def profile_model(
     if not isinstance(warmup, int) or warmup < 0:
         raise TagInputError("warmup", f"must be a non-negative integer, got {warmup!r}")
     graph = ensure_captured(conn, spec)
-    record = store.captured_model(conn, spec.name)
     op_names = [op.name for op in graph.ops]
     device_type = detect_device_type()
     host, version = socket.gethostname(), tf.__version__
-    # Trace every batch size first, then free the Keras model and optimizer state
-    # before any Session allocates its own copy of the variables.
-    steps = {}
-    keras_objects = None
-    for batch in batch_sizes:
-        if batch == record["batch_size"]:
-            steps[batch] = load_step(record["step_file"])
-        else:
-            keras_objects = keras_objects or build_keras(spec)
-            steps[batch] = trace_step(spec, batch, keras_objects)
-            steps[batch].keras_model = steps[batch].keras_optimizer = None
-    del keras_objects
-    gc.collect()
+    step_files = ensure_step_files(spec, batch_sizes)
     rows = []
     with tqdm(total=len(batch_sizes) * runs, desc=f"profile {spec.name}", unit="run", disable=not show_progress) as bar:
         for batch in batch_sizes:
             bar.set_postfix(batch=batch)
-            for run, op, micros in profile_step(steps.pop(batch), spec, op_names, runs, warmup, bar):
+            for run, op, micros in profile_step(load_step(step_files[batch]), spec, op_names, runs, warmup, bar):
                 rows.append((spec.name, op, device_type, batch, run, micros))
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     frame = pd.DataFrame(rows, columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
