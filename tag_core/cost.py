@@ -5,7 +5,7 @@ Compute time of an op on a device type at a batch size:
 1. Measured: the median over profiled runs for that (op, device type, batch size),
    piecewise-linear over batch size, extrapolated linearly beyond the profiled batches
    (clamped at the device's per-kernel launch floor). Ops that do not scale with the
-   batch (`batch_scaled` False) take the median over every profiled batch size.
+   batch (no input or output carries the batch dimension) take the median over every profiled batch size.
 2. Device types without a profile: a roofline ratio from a profiled type,
    t_target = t_source * max(flops/peak, bytes/bw)_target / max(flops/peak, bytes/bw)_source.
    How good it is: it keeps each op's measured shape (which ops dominate, how the op
@@ -126,12 +126,16 @@ class ComputeModel:
         self.n = len(graph.ops)
         self.graph_batch = graph.batch_size
         self.flops = np.array([op.flops for op in graph.ops], dtype=np.float64)
+        # An op's work grows with the batch when any input or output carries it (a weight
+        # gradient reads batch tensors but writes a batch-free one).
         self.batch_scaled = np.array([op.batch_scaled for op in graph.ops], dtype=bool)
         # Bytes an op touches: what it reads (incoming edges) plus what it writes.
         touched = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
         if graph.edges:
             dst = np.array([e.dst for e in graph.edges])
             np.add.at(touched, dst, np.array([e.bytes for e in graph.edges], dtype=np.float64))
+            batch_in = np.array([e.batch for e in graph.edges], dtype=bool)
+            self.batch_scaled[dst[batch_in]] = True
         self.mem_bytes = touched
         self.tables: dict[str, _Table] = {}
         if profiles is not None and len(profiles):
@@ -204,7 +208,11 @@ class ComputeModel:
             b0, b1 = batches[k], batches[k + 1]
             w = (batch - b0) / (b1 - b0)  # outside [b0, b1] this extrapolates linearly
             scaled = filled[:, k] + w * (filled[:, k + 1] - filled[:, k])
-        constant = np.nanmedian(np.where(np.isnan(times), np.nan, times), axis=1) if times.shape[1] > 1 else filled[:, 0]
+        if times.shape[1] > 1:  # unprofiled rows are all NaN; they are replaced by the caller
+            with np.errstate(all="ignore"):
+                constant = np.nanmedian(np.where(table.measured[:, None], times, 0.0), axis=1)
+        else:
+            constant = filled[:, 0]
         out = np.where(self.batch_scaled, scaled, constant)
         out = np.nan_to_num(out, nan=0.0)
         return np.maximum(out, floor)

@@ -1,0 +1,85 @@
+"""`tag simulate MODEL --topology FILE --strategy NAME|plan.json`: score one strategy with the simulator."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ._common import open_store, positive_int, print_json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("simulate", help="simulate one training iteration of a strategy on a topology")
+    parser.add_argument("model", help="zoo name or path/to/file.py:function (captured first if needed)")
+    parser.add_argument("--topology", required=True, help="topology snapshot JSON")
+    parser.add_argument("--strategy", required=True,
+                        help="a baseline (dp-nccl, dp-nccl-p, horovod, single) or a strategy/plan .json file")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch to simulate (default: the model's)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--timeline", metavar="PNG", help="write a Gantt chart of the iteration to this file")
+    parser.set_defaults(run=run)
+
+
+def load_strategy(text: str, sim):
+    """A baseline name, or a JSON file holding a strategy (or a plan that embeds one)."""
+    from ..baselines import baseline
+    from ..errors import TagInputError
+    from ..strategy import Strategy
+
+    path = Path(text)
+    if text.lower().endswith(".json") or path.exists():
+        if not path.is_file():
+            raise TagInputError("--strategy", f"{text} does not exist")
+        try:
+            return Strategy.from_json(path.read_text())
+        except TagInputError as exc:
+            raise TagInputError(f"{text}: {exc.where}", exc.problem) from None
+    return baseline(text, sim)
+
+
+def run(args) -> int:
+    from .. import store
+    from ..captures import ensure_captured
+    from ..models import resolve_model
+    from ..simulate import Simulator
+    from ..topology import load_topology
+
+    topology = load_topology(args.topology)
+    spec = resolve_model(args.model)
+    conn = open_store(args)
+    try:
+        graph = ensure_captured(conn, spec)
+        profiles = store.load_profiles(conn, spec.name)
+    finally:
+        conn.close()
+    if profiles.empty:
+        print(f"tag: note: no op profiles for {spec.name}; using roofline estimates (run `tag profile {args.model}`)",
+              file=sys.stderr)
+    sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
+    strategy = load_strategy(args.strategy, sim)
+    result = sim.run(strategy, timeline=bool(args.timeline))
+    if args.timeline:
+        from ..timeline import save_timeline
+
+        label = strategy.name or Path(args.strategy).stem
+        save_timeline(result, graph, topology, args.timeline,
+                      title=f"{spec.name} / {label} on {topology.name}, batch {sim.batch}: "
+                            f"{result.iteration_time_s * 1e3:.1f} ms per iteration")
+    data = {"model": spec.name, "topology": topology.name, "strategy": strategy.name or args.strategy,
+            "batch_size": sim.batch, "profiled_types": sim.compute.profiled_types, **result.to_dict(topology)}
+    if args.json:
+        print_json(data)
+        return 0
+    print(f"{spec.name} on {topology.name} with {data['strategy']}, batch {sim.batch}")
+    print(f"iteration time  {result.iteration_time_s * 1e3:10.2f} ms" + ("   OUT OF MEMORY" if result.oom else ""))
+    comm = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in result.comm_s.items() if v)
+    print(f"communication   {comm or 'none'}")
+    print(f"{'device':<24} {'gpu':<12} {'busy ms':>9} {'idle ms':>9} {'peak GB':>8} {'of GB':>6}")
+    for d, dev in enumerate(topology.devices):
+        name = f"{topology.machines[dev.machine].name}:{dev.local}"
+        flag = "  OOM" if result.device_oom[d] else ""
+        print(f"{name:<24} {dev.gpu.name:<12} {result.busy_s[d] * 1e3:9.2f} {result.idle_s[d] * 1e3:9.2f} "
+              f"{result.peak_memory_bytes[d] / 1e9:8.2f} {result.memory_capacity_bytes[d] / 1e9:6.1f}{flag}")
+    if args.timeline:
+        print(f"timeline written to {args.timeline}")
+    return 0
