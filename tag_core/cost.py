@@ -59,22 +59,26 @@ def transfer_time(nbytes: float, gbps: float) -> float:
 def ring_allreduce_time(nbytes: float, n: int, gbps: float) -> float:
     """Ring AllReduce over n devices: 2(n-1)/n * bytes / slowest link, plus 2(n-1) latency steps."""
     if n <= 1:
-        return 0.0
+        return 0.0 * nbytes
     return 2.0 * (n - 1) / n * nbytes / bytes_per_s(gbps) + 2 * (n - 1) * LATENCY_S
 
 
-def hierarchical_allreduce_time(nbytes: float, per_machine: list[int], intra_gbps: list[float], inter_gbps: float) -> float:
+def hierarchical_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list[float], inter_gbps: float):
     """Reduce-scatter inside each machine, ring AllReduce across machines, all-gather inside.
 
     Machines work in parallel, so the slowest machine sets each intra phase. With one
     machine it is the plain ring; with one device per machine the plain ring across machines.
+    `nbytes` may be an array (one collective each).
     """
     machines = [(k, bw) for k, bw in zip(per_machine, intra_gbps) if k > 0]
     if not machines:
-        return 0.0
+        return 0.0 * nbytes
     if len(machines) == 1:
         return ring_allreduce_time(nbytes, machines[0][0], machines[0][1])
-    intra = max(((k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * LATENCY_S) if k > 1 else 0.0 for k, bw in machines)
+    intra = 0.0 * nbytes
+    for k, bw in machines:
+        if k > 1:
+            intra = np.maximum(intra, (k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * LATENCY_S)
     return 2.0 * intra + ring_allreduce_time(nbytes, len(machines), inter_gbps)
 
 

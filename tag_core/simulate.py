@@ -268,9 +268,9 @@ class Simulator:
                 cd.append(np.full(len(sched.chains[k]), d)), co.append(sched.chains[k])
                 cs.append(sched.start[k]), ce.append(sched.end[k])
         md, mk, ms, me = [t.cons_dev], [t.kind], [sched.tr_start], [sched.tr_end]
-        for c, coll in enumerate(colls):
-            n = len(coll.devices)
-            md.append(coll.devices), mk.append(np.full(n, ALLREDUCE))
+        for c, devices in enumerate(colls.devices):
+            n = len(devices)
+            md.append(devices), mk.append(np.full(n, ALLREDUCE))
             ms.append(np.full(n, sched.coll_start[c])), me.append(np.full(n, sched.coll_end[c]))
         cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0)  # noqa: E731
         return Timeline(cat(cd).astype(np.int64), cat(co).astype(np.int64), cat(cs), cat(ce),

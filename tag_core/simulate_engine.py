@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .simulate_expand import ALLREDUCE, KINDS, SINGLE, SPLIT, Collective, Placement, Transfers, transfer_durations
+from .simulate_expand import ALLREDUCE, KINDS, SINGLE, SPLIT, Collectives, Placement, Transfers, transfer_durations
 from .strategy import Strategy
 
 
@@ -73,7 +73,7 @@ class Schedule:
     iteration: float
 
 
-def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: list[Collective]) -> Schedule:
+def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -> Schedule:
     slots = make_slots(ctx, p, t)
     S, n = len(slots.dev), ctx.n
     g_of = s.op_groups
@@ -104,18 +104,33 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: list[Collectiv
     keys_rank = [np.ones(n_t, dtype=np.int64)]
     kinds = [np.zeros(n_t, dtype=np.int64)]
     refs = [np.arange(n_t)]
-    coll_inputs, deliveries = [], []
-    for c, coll in enumerate(colls):
-        in_slots = np.unique(slots.of_dev[coll.devices])
-        ks = cidx[np.repeat(in_slots, len(coll.inputs)), np.tile(coll.inputs, len(in_slots))]
-        coll_inputs.append(list(zip(np.repeat(in_slots, len(coll.inputs)).tolist(), ks.tolist())))
-        cons = np.unique(np.stack([coll.consumers[:, 0], slots.of_dev[coll.consumers[:, 1]]], axis=1), axis=0)
-        cpos = ctx.pos[cons[:, 0]]
-        keys_pos += [np.array([cpos.min()]), cpos]
-        keys_rank += [np.array([0]), np.full(len(cons), 2)]
-        kinds += [np.array([1]), np.full(len(cons), 2)]
-        refs += [np.array([c]), np.arange(len(deliveries), len(deliveries) + len(cons))]
-        deliveries += [(int(sl), int(cidx[sl, op]), c) for op, sl in cons.tolist()]
+    U = len(colls)
+    coll_inputs: list[list[tuple[int, int]]] = [[] for _ in range(U)]
+    deliveries: list[tuple[int, int, int]] = []
+    if U:
+        # A unit waits for the last of its gradients on each slot; on each slot only its first
+        # consumer needs the arrival (the slot runs everything after it later anyway).
+        big = np.iinfo(np.int64).max
+        k_in = cidx[:, colls.inp_op]  # (S, inputs)
+        last = np.full((S, U), -1, dtype=np.int64)
+        np.maximum.at(last, (np.repeat(np.arange(S), len(colls.inp_op)), np.tile(colls.inp_unit, S)), k_in.ravel())
+        for sl, u in zip(*np.nonzero(last >= 0)):
+            coll_inputs[u].append((int(sl), int(last[sl, u])))
+        k_cons = cidx[:, colls.cons_op]
+        k_cons = np.where(k_cons >= 0, k_cons, big)
+        first = np.full((S, U), big, dtype=np.int64)
+        np.minimum.at(first, (np.repeat(np.arange(S), len(colls.cons_op)), np.tile(colls.cons_unit, S)), k_cons.ravel())
+        d_slot, d_unit = np.nonzero(first < big)
+        d_k = first[d_slot, d_unit]
+        chain_pos = [ctx.pos[c] for c in chains]
+        d_pos = np.array([chain_pos[a][b] for a, b in zip(d_slot.tolist(), d_k.tolist())], dtype=np.int64)
+        u_pos = np.full(U, big, dtype=np.int64)
+        np.minimum.at(u_pos, d_unit, d_pos)
+        keys_pos += [u_pos, d_pos]
+        keys_rank += [np.zeros(U, dtype=np.int64), np.full(len(d_pos), 2)]
+        kinds += [np.ones(U, dtype=np.int64), np.full(len(d_pos), 2)]
+        refs += [np.arange(U), np.arange(len(d_pos))]
+        deliveries = list(zip(d_slot.tolist(), d_k.tolist(), d_unit.tolist()))
     pos_all, rank_all = np.concatenate(keys_pos), np.concatenate(keys_rank)
     item_order = np.lexsort((rank_all, pos_all))
     item_kind = np.concatenate(kinds)[item_order].tolist()
@@ -147,6 +162,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: list[Collectiv
     tr_end = np.zeros(n_t)
     t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()
     t_chan, t_dur = t.channel.tolist(), tr_dur.tolist()
+    coll_chans, coll_dur = colls.channels, colls.duration.tolist()
     coll_start = np.zeros(len(colls))
     coll_end = np.zeros(len(colls))
     coll_end_l = [0.0] * len(colls)
@@ -162,16 +178,16 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: list[Collectiv
             tr_start[ref], tr_end[ref] = st, en
             arrive(t_cons_slot[ref], t_cons_k[ref], en)
         elif kind == 1:  # collective
-            coll = colls[ref]
             ready = max((end_at(sl, k) for sl, k in coll_inputs[ref]), default=0.0)
             if not s.overlap:
                 if barrier is None:
                     barrier = _backward_end(ctx, chains, end_at)
                 ready = max(ready, barrier)
-            for ch in coll.channels:
+            chans = coll_chans[ref]
+            for ch in chans:
                 ready = max(ready, chan_free[ch])
-            en = ready + coll.duration
-            for ch in coll.channels:
+            en = ready + coll_dur[ref]
+            for ch in chans:
                 chan_free[ch] = en
             coll_start[ref], coll_end[ref] = ready, en
             coll_end_l[ref] = en
@@ -220,12 +236,12 @@ def _backward_end(ctx, chains, end_at) -> float:
     return last
 
 
-def comm_totals(t: Transfers, sched: Schedule, colls: list[Collective]) -> dict[str, float]:
+def comm_totals(t: Transfers, sched: Schedule, colls: Collectives) -> dict[str, float]:
     """Seconds of communication by kind (transfers summed; a collective counted once)."""
     totals = {name: 0.0 for name in KINDS}
     if len(t.kind):
         sums = np.bincount(t.kind, weights=sched.tr_dur, minlength=len(KINDS))
         for i, name in enumerate(KINDS):
             totals[name] += float(sums[i])
-    totals[KINDS[ALLREDUCE]] += float(sum(c.duration for c in colls))
+    totals[KINDS[ALLREDUCE]] += float(colls.duration.sum())
     return totals

@@ -47,13 +47,21 @@ class Transfers:
 
 
 @dataclass
-class Collective:
-    devices: np.ndarray  # participants
-    inputs: np.ndarray  # ops whose instances on every participant must finish first
-    consumers: np.ndarray  # (op, device) pairs waiting for it, shape (k, 2)
-    channels: tuple[int, ...]
-    duration: float
-    nbytes: float
+class Collectives:
+    """Gradient AllReduce units (one per tensor, or per fused bucket), as flat arrays."""
+
+    group: np.ndarray  # per unit: the op group whose devices take part
+    nbytes: np.ndarray  # per unit
+    duration: np.ndarray  # per unit, seconds
+    channels: list[tuple[int, ...]]  # per unit: channels it occupies
+    devices: list[np.ndarray]  # per unit: participants
+    inp_op: np.ndarray  # gradient ops feeding each unit (flat) ...
+    inp_unit: np.ndarray  # ... and their unit
+    cons_op: np.ndarray  # ops waiting for each unit (flat) ...
+    cons_unit: np.ndarray  # ... and their unit
+
+    def __len__(self) -> int:
+        return len(self.group)
 
 
 def place(ctx, s: Strategy) -> Placement:
@@ -217,12 +225,12 @@ def ps_pulls(ctx, p: Placement, s: Strategy) -> Transfers:
     )
 
 
-def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[list[Collective], np.ndarray]:
+def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, np.ndarray]:
     """AllReduce units (fused into buckets when fusion_bytes > 0), and which variables are reduced."""
     reduced = np.zeros(ctx.num_vars, dtype=bool)
     gops = ctx.sync_grad_op  # per sync variable (index into ctx.sync_vars)
     if len(gops) == 0:
-        return [], reduced
+        return _no_collectives(), reduced
     g_of = s.op_groups[gops]
     n_act = p.group_active[g_of].sum(axis=1)
     opt = s.options_arr[g_of]
@@ -230,59 +238,60 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[list[Collectiv
     # PS gradients with a SINGLE update are pushed instead; every other replicated gradient is reduced.
     push = (opt == 1) & ctx.sync_all_single(p.kind)
     chosen = split & (n_act > 1) & ~push
-    vars_ = ctx.sync_vars[chosen]
-    reduced[vars_] = True
+    reduced[ctx.sync_vars[chosen]] = True
     if not chosen.any():
-        return [], reduced
+        return _no_collectives(), reduced
     idx = np.flatnonzero(chosen)
     idx = idx[np.argsort(ctx.pos[gops[idx]], kind="stable")]
-    units: list[list[int]] = []
-    current: list[int] = []
-    size = 0.0
-    last_g = -1
-    for i in idx.tolist():
-        g = int(g_of[i])
-        if current and (g != last_g or s.fusion_bytes <= 0 or size >= s.fusion_bytes):
-            units.append(current)
-            current, size = [], 0.0
-        current.append(i)
-        size += ctx.sync_bytes[i]
-        last_g = g
-    units.append(current)
-    out = []
-    for unit in units:
-        g = int(g_of[unit[0]])
-        devs = np.flatnonzero(p.group_active[g])
-        nbytes = float(ctx.sync_bytes[unit].sum())
-        cons_ops = np.concatenate([ctx.sync_consumers[i] for i in unit])
-        cons = _consumer_instances(p, cons_ops, devs)
-        duration, channels = _allreduce_cost(ctx, devs, nbytes)
-        out.append(Collective(devs, gops[unit], cons, channels, duration, nbytes))
-    return out, reduced
+    # Bucket boundaries: a new unit per gradient, or (fusion) when the bucket is full or the group changes.
+    unit_of = np.empty(len(idx), dtype=np.int64)
+    sizes = ctx.sync_bytes[idx].tolist()
+    groups = g_of[idx].tolist()
+    u, size = -1, 0.0
+    for j in range(len(idx)):
+        if u < 0 or groups[j] != groups[j - 1] or s.fusion_bytes <= 0 or size >= s.fusion_bytes:
+            u, size = u + 1, 0.0
+        unit_of[j] = u
+        size += sizes[j]
+    U = u + 1
+    nbytes = np.bincount(unit_of, weights=ctx.sync_bytes[idx], minlength=U)
+    first = np.flatnonzero(np.diff(unit_of, prepend=-1))
+    unit_group = g_of[idx][first]
+    per_group: dict[int, tuple] = {}
+    durations = np.empty(U)
+    channels, devices = [], []
+    for k, g in enumerate(unit_group.tolist()):
+        if g not in per_group:
+            devs = np.flatnonzero(p.group_active[g])
+            per_group[g] = (devs, *_allreduce_shape(ctx, devs))
+            mine = unit_group == g
+            durations[mine] = hierarchical_allreduce_time(nbytes[mine], *per_group[g][1:4])
+        channels.append(per_group[g][4])
+        devices.append(per_group[g][0])
+    var_unit = np.full(len(gops), -1, dtype=np.int64)
+    var_unit[idx] = unit_of
+    cons_unit = var_unit[ctx._sync_cons_owner]
+    keep = cons_unit >= 0
+    return Collectives(unit_group, nbytes, durations, channels, devices, gops[idx], unit_of,
+                       ctx._sync_cons_flat[keep], cons_unit[keep]), reduced
 
 
-def _consumer_instances(p: Placement, ops: np.ndarray, devs: np.ndarray) -> np.ndarray:
-    rows = []
-    for op in ops.tolist():
-        if p.kind[op] == SINGLE:
-            rows.append((op, int(p.single_dev[op])))
-        else:
-            g = p.pl[op]
-            rows += [(op, d) for d in np.flatnonzero(p.group_active[g]).tolist()]
-    return np.array(rows, dtype=np.int64).reshape(-1, 2)
-
-
-def _allreduce_cost(ctx, devs: np.ndarray, nbytes: float) -> tuple[float, tuple[int, ...]]:
+def _allreduce_shape(ctx, devs: np.ndarray):
+    """Per-machine counts, intra bandwidths, ring bandwidth across machines, and channels used."""
     machines, counts = np.unique(ctx.dev_machine[devs], return_counts=True)
-    intra = [ctx.machine_bw[m, m] for m in machines.tolist()]
+    intra = [float(ctx.machine_bw[m, m]) for m in machines.tolist()]
     channels = [int(m) for m, k in zip(machines.tolist(), counts.tolist()) if k > 1]
-    inter = 0.0
+    inter = 1.0
     if len(machines) > 1:
         ring = list(zip(machines.tolist(), np.roll(machines, -1).tolist()))
-        inter = min(ctx.machine_bw[a, b] for a, b in ring)
+        inter = min(float(ctx.machine_bw[a, b]) for a, b in ring)
         channels += sorted({int(ctx.dev_channel_m[a, b]) for a, b in ring})
-    t = hierarchical_allreduce_time(nbytes, counts.tolist(), intra, inter if inter else 1.0)
-    return t, tuple(channels)
+    return counts.tolist(), intra, inter, tuple(channels)
+
+
+def _no_collectives() -> Collectives:
+    z = np.zeros(0, dtype=np.int64)
+    return Collectives(z, np.zeros(0), np.zeros(0), [], [], z, z, z, z)
 
 
 def _empty_transfers() -> Transfers:
