@@ -75,8 +75,11 @@ def test_csv_round_trip(profiled, tmp_path):
         ("model,op,device_type,batch_size,run,time_us\nm,a,cpu,1,0,3\nm,a,cpu,1,0,4\n", ":3: repeats"),
     ],
 )
-def test_bad_csv_is_refused_and_nothing_is_written(profiled, tmp_path, content, fragment):
-    conn, _ = profiled
+def test_bad_csv_is_refused_and_nothing_is_written(tag_home, tmp_path, content, fragment):
+    conn = store.connect()
+    good = tmp_path / "good.csv"
+    good.write_text("model,op,device_type,batch_size,run,time_us\nm,a,T4,2,0,5.5\nm,b,T4,2,0,1.0\n")
+    assert import_profiles(conn, good) == 2
     before = conn.execute("SELECT count(*), sum(time_us) FROM op_profiles").fetchone()
     path = tmp_path / "bad.csv"
     path.write_text(content)
