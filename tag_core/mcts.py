@@ -1,0 +1,392 @@
+"""MCTS over per-group (placement mask, option) decisions, scored by the simulator.
+
+The tree decides the op groups one at a time, largest compute first (the order
+`grouping.group_ops` returns): depth d chooses the action of group d. There are no
+random rollouts: a new node is scored by simulating its strategy with every
+undecided group on a default action — the action of group 0 (so the root's children
+are the uniform plans), or model-parallel on every machine while the search is in
+out-of-memory mode (see `MctsConfig.default`).
+
+Action space (`ActionSpace`): placement masks over machines × the four OPTIONS.
+Masks stay few so that the tree stays shallow-wide rather than exponential:
+  - every machine;
+  - each single machine (the `MAX_SINGLES` fastest when there are many);
+  - the machines of each GPU type;
+  - the k fastest machines (by summed device speed) for k = 2 .. M-1, k thinned
+    geometrically when M is large;
+  - any extra mask a warm-start plan used.
+Duplicates are dropped, so 2 machines give 3 masks and testbed.json (7 machines,
+3 types) 16; with 4 options that is 12 and 64 actions.
+
+Selection is PUCT, `q + c·p·sqrt(N)/(1+n)` with `c = sqrt(actions/10)` (the TAG
+authors' choice), where q is the child's mean reward min-max normalised over the
+rewards seen so far (so c is scale-free) and an unvisited child counts its parent's q
+(first-play urgency). Priors p come from a `prior` hook: a callable that takes the
+`SearchState` of the node being expanded and returns a probability per action for the
+next group (uniform when None; the GNN plugs in here). Ties break by a seeded RNG, so
+a search is deterministic for a seed (and a budget in iterations).
+
+Reward: `baseline/time - 1`, -1 on out-of-memory; the baseline is DP-NCCL's time (the
+feasible default plan's time when DP-NCCL runs out of memory). Simulation results are
+cached by action vector, so `simulations` counts distinct strategies only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .grouping import OpGroups
+from .simulate import SimResult, Simulator
+from .strategy import OPTIONS, Strategy
+
+MAX_SINGLES = 8  # single-machine masks beyond this many machines only for the fastest
+ALLREDUCE, MODEL_PARALLEL = OPTIONS.index("allreduce"), OPTIONS.index("model_parallel")
+
+
+# ---- action space ------------------------------------------------------------
+
+
+@dataclass
+class ActionSpace:
+    """Action a = mask index * len(OPTIONS) + option index."""
+
+    masks: np.ndarray  # bool (K, machines)
+    mask_names: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.masks) * len(OPTIONS)
+
+    def mask(self, action: int) -> np.ndarray:
+        return self.masks[action // len(OPTIONS)]
+
+    def option(self, action: int) -> str:
+        return OPTIONS[action % len(OPTIONS)]
+
+    def describe(self, action: int) -> str:
+        return f"{self.mask_names[action // len(OPTIONS)]}/{self.option(action)}"
+
+    def index(self, mask: np.ndarray, option: str, name: str = "") -> int:
+        """The action of (mask, option); an unseen mask is appended (warm starts bring their own)."""
+        mask = np.asarray(mask, dtype=bool)
+        hits = np.flatnonzero((self.masks == mask[None, :]).all(axis=1))
+        if len(hits):
+            k = int(hits[0])
+        else:
+            self.masks = np.vstack([self.masks, mask[None, :]])
+            self.mask_names.append(name or "+".join(str(i) for i in np.flatnonzero(mask)))
+            k = len(self.masks) - 1
+        return k * len(OPTIONS) + OPTIONS.index(option)
+
+    @property
+    def all_machines(self) -> int:
+        return self.index(np.ones(self.masks.shape[1], dtype=bool), "allreduce")
+
+    @classmethod
+    def build(cls, sim: Simulator, device_speed: np.ndarray) -> "ActionSpace":
+        topo = sim.topology
+        M = topo.num_machines
+        machine_speed = np.bincount(sim.dev_machine, weights=device_speed, minlength=M)
+        fastest = np.argsort(-machine_speed, kind="stable")
+        candidates: list[tuple[str, np.ndarray]] = [("all", np.ones(M, dtype=bool))]
+        for m in sorted(fastest[:MAX_SINGLES].tolist()):
+            candidates.append((topo.machines[m].name, np.arange(M) == m))
+        types = [topo.machines[m].gpu.name for m in range(M)]
+        for t in dict.fromkeys(types):
+            candidates.append((f"all-{t}", np.array([x == t for x in types])))
+        ks = range(2, M) if M <= 10 else sorted({int(round(M ** (i / 6))) for i in range(1, 6)} - {0, 1, M})
+        for k in ks:
+            mask = np.zeros(M, dtype=bool)
+            mask[fastest[:k]] = True
+            candidates.append((f"top{k}", mask))
+        masks, names, seen = [], [], set()
+        for name, mask in candidates:
+            key = mask.tobytes()
+            if mask.any() and key not in seen:
+                seen.add(key)
+                masks.append(mask)
+                names.append(name)
+        return cls(np.array(masks, dtype=bool), names)
+
+
+# ---- scoring -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Score:
+    time_s: float
+    oom: bool
+
+
+class Evaluator:
+    """Turns action vectors into Strategies and simulates them, once per distinct vector.
+
+    `shares`, `fusion_bytes` and `overlap` are strategy-wide settings the planner fixes
+    before the search. The last few full SimResults are kept for prior hooks.
+    """
+
+    def __init__(self, sim: Simulator, groups: OpGroups, space: ActionSpace, shares: np.ndarray,
+                 fusion_bytes: int = 0, overlap: bool = True, keep_results: int = 16):
+        self.sim, self.groups, self.space = sim, groups, space
+        self.shares, self.fusion_bytes, self.overlap = np.asarray(shares, dtype=float), int(fusion_bytes), overlap
+        self.cache: dict[bytes, Score] = {}
+        self.simulations = 0
+        self._recent: OrderedDict[bytes, SimResult] = OrderedDict()
+        self._keep = keep_results
+
+    def strategy(self, actions: np.ndarray, name: str = "tag") -> Strategy:
+        actions = np.asarray(actions, dtype=np.int64)
+        k = len(OPTIONS)
+        return Strategy(self.groups.assignment, self.space.masks[actions // k], [OPTIONS[a % k] for a in actions],
+                        self.shares, fusion_bytes=self.fusion_bytes, overlap=self.overlap, name=name)
+
+    def score(self, actions: np.ndarray) -> Score:
+        key = np.asarray(actions, dtype=np.int64).tobytes()
+        hit = self.cache.get(key)
+        if hit is None:
+            result = self.sim.run(self.strategy(actions))
+            self.simulations += 1
+            hit = self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
+            self._remember(key, result)
+        return hit
+
+    def result(self, actions: np.ndarray) -> SimResult:
+        """The full SimResult of an action vector (simulated again if no longer kept)."""
+        key = np.asarray(actions, dtype=np.int64).tobytes()
+        result = self._recent.get(key)
+        if result is None:
+            result = self.sim.run(self.strategy(actions))
+            if key not in self.cache:
+                self.simulations += 1
+                self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
+            self._remember(key, result)
+        return result
+
+    def _remember(self, key: bytes, result: SimResult) -> None:
+        self._recent[key] = result
+        if len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+
+
+def reward(score: Score, baseline_s: float) -> float:
+    return -1.0 if score.oom else baseline_s / max(score.time_s, 1e-12) - 1.0
+
+
+# ---- search --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """What a prior hook sees: the node about to choose group `depth`'s action."""
+
+    depth: int
+    decided: tuple[int, ...]  # actions of groups 0 .. depth-1
+    actions: np.ndarray  # the node's full action vector as scored (undecided groups on the default)
+    evaluator: Evaluator
+
+    def strategy(self) -> Strategy:
+        return self.evaluator.strategy(self.actions)
+
+    def sim_result(self) -> SimResult:
+        return self.evaluator.result(self.actions)
+
+
+Prior = Callable[[SearchState], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Budget:
+    iterations: int | None = None
+    seconds: float | None = None
+    simulations: int | None = None  # distinct strategies simulated (MCMC's natural unit)
+
+    def done(self, iterations: int, simulations: int, elapsed: float) -> bool:
+        return ((self.iterations is not None and iterations >= self.iterations)
+                or (self.seconds is not None and elapsed >= self.seconds)
+                or (self.simulations is not None and simulations >= self.simulations))
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in (("iterations", self.iterations), ("seconds", self.seconds),
+                                  ("simulations", self.simulations)) if v is not None}
+
+
+@dataclass
+class SearchResult:
+    actions: np.ndarray
+    time_s: float
+    oom: bool
+    iterations: int
+    simulations: int
+    wall_s: float
+    first_better_than_dp_iteration: int | None
+    trace: list[tuple[int, int, float]] = field(default_factory=list)  # (iteration, simulations, best) per improvement
+
+    def best_at(self, simulations: int) -> float:
+        """Best time found within the first `simulations` simulations (inf if none)."""
+        found = [t for _, s, t in self.trace if s <= simulations]
+        return min(found) if found else math.inf
+
+
+class _Best:
+    """Best feasible plan seen, and when it first beat DP-NCCL."""
+
+    def __init__(self, dp_time_s: float):
+        self.dp = dp_time_s
+        self.actions: np.ndarray | None = None
+        self.score = Score(math.inf, True)
+        self.first_better: int | None = None
+        self.trace: list[tuple[int, int, float]] = []
+
+    def offer(self, actions: np.ndarray, score: Score, iteration: int, simulations: int) -> None:
+        better = (score.oom, score.time_s) < (self.score.oom, self.score.time_s)
+        if self.actions is None or better:
+            self.actions, self.score = actions.copy(), score
+            if not score.oom:
+                self.trace.append((iteration, simulations, score.time_s))
+                if self.first_better is None and score.time_s < self.dp:
+                    self.first_better = iteration
+
+    def result(self, iterations: int, simulations: int, wall: float) -> SearchResult:
+        return SearchResult(self.actions, self.score.time_s, self.score.oom, iterations, simulations, wall,
+                            self.first_better, self.trace)
+
+
+@dataclass
+class _Node:
+    prior: np.ndarray | None = None
+    visits: np.ndarray | None = None  # per action
+    total: np.ndarray | None = None  # summed reward per action
+    children: dict[int, "_Node"] = field(default_factory=dict)
+    n: int = 0
+    w: float = 0.0
+
+
+@dataclass
+class MctsConfig:
+    default: int = -1  # action of undecided groups; -1: group 0's action
+    c_scale: float = 1.0  # multiplies c = sqrt(actions/10)
+
+
+class Mcts:
+    def __init__(self, evaluator: Evaluator, baseline_s: float, dp_time_s: float, seed: int = 0,
+                 prior: Prior | None = None, config: MctsConfig | None = None):
+        self.ev, self.baseline, self.prior_fn = evaluator, baseline_s, prior
+        self.cfg = config or MctsConfig()
+        self.G, self.K = evaluator.groups.num_groups, evaluator.space.size
+        self.rng = np.random.default_rng(seed)
+        self.root = _Node()
+        self.best = _Best(dp_time_s)
+        self.lo, self.hi = math.inf, -math.inf  # feasible rewards seen, for normalising q
+        self.iterations = 0
+
+    def _fill(self, path: list[int]) -> np.ndarray:
+        fill = path[0] if path and self.cfg.default < 0 else self.cfg.default
+        if fill < 0:
+            fill = self.ev.space.all_machines
+        out = np.full(self.G, fill, dtype=np.int64)
+        out[: len(path)] = path
+        return out
+
+    def _priors(self, node: _Node, path: list[int]) -> None:
+        if self.prior_fn is None:
+            p = np.full(self.K, 1.0 / self.K)
+        else:
+            state = SearchState(len(path), tuple(path), self._fill(path), self.ev)
+            p = check_prior(self.prior_fn(state), self.K)
+        node.prior, node.visits, node.total = p, np.zeros(self.K), np.zeros(self.K)
+
+    def _select(self, node: _Node) -> int:
+        span = self.hi - self.lo
+        norm = (lambda v: (v - self.lo) / span) if span > 1e-12 else (lambda v: np.zeros_like(v) + 0.5)
+        parent_q = norm(node.w / node.n) if node.n else 0.5
+        q = np.where(node.visits > 0, norm(node.total / np.maximum(node.visits, 1)), parent_q)
+        c = math.sqrt(self.K / 10.0) * self.cfg.c_scale
+        score = q + c * node.prior * math.sqrt(max(node.n, 1)) / (1.0 + node.visits)
+        ties = np.flatnonzero(score >= score.max() - 1e-12)
+        return int(ties[0] if len(ties) == 1 else self.rng.choice(ties))
+
+    def _leaf(self, path: list[int]) -> float:
+        actions = self._fill(path)
+        score = self.ev.score(actions)
+        self.best.offer(actions, score, self.iterations, self.ev.simulations)
+        r = reward(score, self.baseline)
+        if not score.oom:
+            self.lo, self.hi = min(self.lo, r), max(self.hi, r)
+        return r
+
+    @staticmethod
+    def _backup(nodes: list[_Node], path: list[int], r: float) -> None:
+        for node in nodes:  # the root, then one node per action on the path
+            node.n += 1
+            node.w += r
+        for node, a in zip(nodes, path):
+            node.visits[a] += 1
+            node.total[a] += r
+
+    def iterate(self) -> None:
+        """Select down to an unvisited action (or a full plan), score it, back the reward up."""
+        self.iterations += 1
+        node, nodes, path = self.root, [self.root], []
+        while len(path) < self.G:
+            if node.prior is None:
+                self._priors(node, path)
+            a = self._select(node)
+            path.append(a)
+            fresh = node.visits[a] == 0
+            node = node.children.setdefault(a, _Node())
+            nodes.append(node)
+            if fresh:
+                break
+        self._backup(nodes, path, self._leaf(path))
+
+    def seed_path(self, actions: np.ndarray) -> None:
+        """Warm start: walk a known plan's actions into the tree and score it once."""
+        self.iterations += 1
+        node, nodes, path = self.root, [self.root], []
+        for a in np.asarray(actions, dtype=np.int64).tolist():
+            if node.prior is None:
+                self._priors(node, path)
+            path.append(a)
+            node = node.children.setdefault(a, _Node())
+            nodes.append(node)
+        # Score the full vector (not the default-filled prefix) so the plan itself is the incumbent.
+        score = self.ev.score(np.asarray(actions, dtype=np.int64))
+        self.best.offer(np.asarray(actions, dtype=np.int64), score, self.iterations, self.ev.simulations)
+        r = reward(score, self.baseline)
+        if not score.oom:
+            self.lo, self.hi = min(self.lo, r), max(self.hi, r)
+        self._backup(nodes, path, r)
+
+    def run(self, budget: Budget, progress: Callable[[int, SearchResult], None] | None = None) -> SearchResult:
+        start = time.perf_counter()
+        while not budget.done(self.iterations, self.ev.simulations, time.perf_counter() - start):
+            self.iterate()
+            if progress is not None:
+                progress(self.iterations, self.result(time.perf_counter() - start))
+        return self.result(time.perf_counter() - start)
+
+    def result(self, wall: float) -> SearchResult:
+        return self.best.result(self.iterations, self.ev.simulations, wall)
+
+    def visit_counts(self, path: tuple[int, ...] = ()) -> np.ndarray:
+        """Visits per action below the node at `path` (policy targets for the GNN)."""
+        node = self.root
+        for a in path:
+            node = node.children[a]
+        return node.visits.copy() if node.visits is not None else np.zeros(self.K)
+
+
+def check_prior(p: object, size: int) -> np.ndarray:
+    """A prior hook's output as a probability vector; anything else is a bug in the hook."""
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.shape != (size,):
+        raise ValueError(f"prior returned shape {arr.shape}, expected ({size},): one probability per action")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or arr.sum() <= 0:
+        raise ValueError("prior must return finite, non-negative probabilities with a positive sum")
+    return arr / arr.sum()

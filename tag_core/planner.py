@@ -1,0 +1,297 @@
+"""`plan(...)`: op groups, baselines, strategy-wide settings, MCTS, the MCMC baseline,
+the ideal time and the plan JSON, in one call.
+
+Steps:
+1. Simulator for (graph, topology, profiles, batch); DP-NCCL, DP-NCCL-P and Horovod.
+2. METIS op groups (`make_groups`, unless given: the `op_groups` asset passes its own).
+3. Strategy-wide settings, fixed before the search because they apply to every group:
+   batch shares (device speed, as DP-NCCL-P, or equal) × gradient fusion (none, or
+   Horovod's 64 MiB buckets), picked by simulating the all-machines AllReduce plan under
+   each; gradient sync always overlaps the backward pass (TAG emits its own graph).
+   If all four run out of memory the search runs in out-of-memory mode: undecided
+   groups default to model-parallel on every machine. If even that does not fit, the
+   model fits no device set: TagInputError with the memory needed against the cluster's.
+4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
+5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
+6. ideal time: the step's compute, perfectly balanced over every device, no
+   communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from . import __version__
+from .baselines import HOROVOD_FUSION_BYTES, device_speed, run_baselines
+from .errors import TagInputError
+from .gpu_catalog import CATALOG, lookup_gpu
+from .graph import OpGraph
+from .grouping import DEFAULT_GROUPS, OpGroups, group_ops
+from .mcmc import mcmc_search
+from .mcts import MODEL_PARALLEL, ActionSpace, Budget, Evaluator, Mcts, MctsConfig, Prior, Score, SearchResult
+from .simulate import Simulator
+from .strategy import OPTIONS, Strategy
+from .topology import Topology
+
+DEFAULT_ITERATIONS = 300
+BASELINE_NAMES = ("dp-nccl", "dp-nccl-p", "horovod")
+# Source files whose behaviour a plan depends on: their hash is the plan's code version.
+_CODE_FILES = ("planner.py", "mcts.py", "mcmc.py", "simulate.py", "simulate_engine.py", "simulate_expand.py",
+               "cost.py", "strategy.py", "grouping.py", "baselines.py")
+
+
+def code_version() -> str:
+    digest = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in _CODE_FILES:
+        digest.update((here / name).read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:12]}"
+
+
+def reference_op_times_us(graph: OpGraph, profiles: pd.DataFrame | None) -> np.ndarray:
+    """Per-op µs on the first profiled device type (else a V100) at the graph's batch: METIS's weights.
+
+    Topology-independent on purpose, so the model-partitioned `op_groups` asset and
+    `tag plan` make the same groups.
+    """
+    from .cost import ComputeModel
+
+    compute = ComputeModel(graph, profiles)
+    types = compute.profiled_types
+    try:
+        gpu = lookup_gpu(types[0]) if types else CATALOG["V100-16GB"]
+    except TagInputError:
+        gpu = CATALOG["V100-16GB"]
+    return compute.times(gpu, graph.batch_size) * 1e6
+
+
+def make_groups(graph: OpGraph, profiles: pd.DataFrame | None, num_groups: int = DEFAULT_GROUPS,
+                seed: int = 0) -> OpGroups:
+    return group_ops(graph, reference_op_times_us(graph, profiles), num_groups, seed)
+
+
+def profile_batch_sizes(batch_size: int, topology: Topology) -> list[int]:
+    """Per-device batches worth profiling: divisors of the global batch nearest to
+    batch / (all devices) and batch / (devices of the largest machine)."""
+    divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+    largest = max(m.count for m in topology.machines)
+    wanted = {batch_size / topology.num_devices, batch_size / largest}
+    return sorted({min(divisors, key=lambda d: (abs(d - w), d)) for w in wanted})
+
+
+def ideal_time_s(sim: Simulator) -> float:
+    per_type: dict[str, float] = {}
+    rate = 0.0
+    for gpu in sim.dev_gpu:
+        if gpu.name not in per_type:
+            per_type[gpu.name] = float(sim.compute.times(gpu, sim.batch).sum())
+        rate += 1.0 / max(per_type[gpu.name], 1e-12)
+    return 1.0 / rate
+
+
+@dataclass
+class Plan:
+    """Everything `tag plan` reports; `to_dict()` is the plan JSON."""
+
+    model: str
+    topology: Topology
+    batch_size: int
+    groups: OpGroups
+    strategy: Strategy
+    tag: SearchResult
+    baselines: dict[str, float]  # name -> iteration time (s); dp_nccl, dp_nccl_p, horovod, mcmc
+    baseline_oom: dict[str, bool]
+    ideal_s: float
+    oom: bool
+    peak_memory_bytes: list[float]
+    search_wall_s: float
+    simulations: int
+    lineage: dict[str, Any]
+    settings: dict[str, Any]
+    mcmc: SearchResult | None = None
+    actions: list[str] = field(default_factory=list)  # per group, "mask/option"
+
+    def to_dict(self) -> dict[str, Any]:
+        dp = self.baselines["dp_nccl"]
+        return {
+            "model": self.model,
+            "topology": self.topology.name,
+            "batch_size": self.batch_size,
+            "groups": self.groups.num_groups,
+            "strategy": self.strategy.to_dict(),
+            "tag": {"iteration_time_s": self.tag.time_s, "actions": self.actions,
+                    "peak_memory_bytes": self.peak_memory_bytes, "settings": self.settings},
+            "baselines": {k: {"iteration_time_s": v, "oom": self.baseline_oom.get(k, False)}
+                          for k, v in self.baselines.items()},
+            "speedup_vs_dp_nccl": dp / self.tag.time_s if not self.baseline_oom.get("dp_nccl") else None,
+            "ideal_time_s": self.ideal_s,
+            "oom": self.oom,
+            "search": {"iterations": self.tag.iterations, "simulations": self.simulations,
+                       "wall_s": self.search_wall_s,
+                       "first_better_than_dp_iteration": self.tag.first_better_than_dp_iteration},
+            "lineage": self.lineage,
+        }
+
+
+def plan(
+    graph: OpGraph,
+    topology: Topology,
+    profiles: pd.DataFrame | None,
+    *,
+    batch_size: int | None = None,
+    num_groups: int = DEFAULT_GROUPS,
+    groups: OpGroups | None = None,
+    budget: Budget | None = None,
+    seed: int = 0,
+    prior: Prior | None = None,
+    warm_start: dict | Strategy | None = None,
+    mcmc_simulations: int | None = None,
+    profile_hash: str | None = None,
+    lineage: dict[str, Any] | None = None,
+    show_progress: bool = False,
+) -> Plan:
+    """Search a plan for `graph` on `topology`; see the module docstring for the steps."""
+    budget = budget or Budget(iterations=DEFAULT_ITERATIONS)
+    start = time.perf_counter()
+    sim = Simulator(graph, topology, profiles, batch_size=batch_size)
+    base = {name.replace("-", "_"): result for name, (_, result) in run_baselines(sim, BASELINE_NAMES).items()}
+    dp = base["dp_nccl"]
+    groups = groups if groups is not None else make_groups(graph, profiles, num_groups)
+    if len(groups.assignment) != sim.n:
+        raise TagInputError("groups", f"cover {len(groups.assignment)} ops but the graph has {sim.n}")
+    speed = device_speed(sim)
+    space = ActionSpace.build(sim, speed)
+    warm = _warm_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
+    ev, setup_sims, default, settings = _settings(sim, groups, space, speed)
+    baseline_s = dp.iteration_time_s if not dp.oom else ev.score(np.full(groups.num_groups, default)).time_s
+    cfg = MctsConfig(default=-1 if default == space.all_machines else default)
+    search = Mcts(ev, baseline_s, dp.iteration_time_s, seed=seed, prior=prior, config=cfg)
+    search.seed_path(np.full(groups.num_groups, default))  # the default plan is the first incumbent
+    if warm is not None:
+        search.seed_path(warm)
+    with _progress(f"plan {graph.model}", budget, show_progress) as bar:
+        tag = search.run(budget, progress=bar)
+    tag.simulations += setup_sims
+    mcmc_budget = Budget(simulations=mcmc_simulations or max(ev.simulations, 1))
+    mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap)
+    mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed)
+    strategy = ev.strategy(tag.actions)
+    strategy.extra = {"machines": [m.name for m in topology.machines]}
+    final = sim.run(strategy)
+    times = {k: float(r.iteration_time_s) for k, r in base.items()}
+    times["mcmc"] = mcmc.time_s
+    oom = {k: bool(r.oom) for k, r in base.items()}
+    oom["mcmc"] = mcmc.oom
+    return Plan(
+        model=graph.model, topology=topology, batch_size=sim.batch, groups=groups, strategy=strategy, tag=tag,
+        baselines=times, baseline_oom=oom, ideal_s=ideal_time_s(sim), oom=bool(final.oom),
+        peak_memory_bytes=[float(x) for x in final.peak_memory_bytes],
+        search_wall_s=time.perf_counter() - start, simulations=tag.simulations,
+        lineage={"graph_hash": graph.content_hash(), "profile_hash": profile_hash,
+                 "groups_hash": groups.content_hash(), "topology_hash": topology.content_hash(),
+                 "code_version": code_version(), "seed": seed, "budget": budget.to_dict(),
+                 "checkpoint": None, **(lineage or {})},
+        settings=settings, mcmc=mcmc, actions=[space.describe(int(a)) for a in tag.actions],
+    )
+
+
+def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
+              speed: np.ndarray) -> tuple[Evaluator, int, int, dict[str, Any]]:
+    """(evaluator, simulations spent, default action, settings) — see step 3 of the module docstring."""
+    G = groups.num_groups
+    allreduce = space.all_machines
+    tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
+    for shares_name, shares in (("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))):
+        for fusion in (0, HOROVOD_FUSION_BYTES):
+            ev = Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=True)
+            score = ev.score(np.full(G, allreduce))
+            tried.append(((score.oom, score.time_s), ev, {"batch_shares": shares_name, "fusion_bytes": fusion}))
+    spent = len(tried)
+    key, ev, settings = min(tried, key=lambda t: t[0])
+    if not key[0]:
+        return ev, spent - 1, allreduce, {**settings, "overlap": True, "out_of_memory_mode": False}
+    ev = Evaluator(sim, groups, space, speed / speed.sum(), fusion_bytes=0, overlap=True)
+    mp = allreduce - OPTIONS.index("allreduce") + MODEL_PARALLEL
+    score: Score = ev.score(np.full(G, mp))
+    if score.oom:
+        _does_not_fit(sim, ev.result(np.full(G, mp)))
+    return ev, spent, mp, {"batch_shares": "speed", "fusion_bytes": 0, "overlap": True, "out_of_memory_mode": True}
+
+
+def _does_not_fit(sim: Simulator, result) -> None:
+    gb = 1e9
+    params = float(sim.var_bytes.sum())
+    acts = float(sim.act_bytes.sum())
+    worst = int(np.argmax(result.peak_memory_bytes / result.memory_capacity_bytes))
+    raise TagInputError(
+        "model",
+        f"{sim.graph.model} at batch {sim.batch} fits no device set, even model-parallel on all "
+        f"{sim.num_devices} devices: it needs about {(params + acts) / gb:.2f} GB (variables and optimizer state "
+        f"{params / gb:.2f} GB, activations {acts / gb:.2f} GB); the cluster has {sim.capacity.sum() / gb:.2f} GB "
+        f"in all, and device {worst} would need {result.peak_memory_bytes[worst] / gb:.2f} GB "
+        f"of its {result.memory_capacity_bytes[worst] / gb:.2f} GB",
+    )
+
+
+def _warm_actions(previous: dict | Strategy, graph: OpGraph, topology: Topology, groups: OpGroups,
+                  space: ActionSpace) -> np.ndarray | None:
+    """A previous plan's choices mapped onto these groups and machines (None when they do not map).
+
+    Each new group takes the (mask, option) most of its ops had before; masks map by
+    machine name, so a plan survives machines joining or leaving.
+    """
+    if isinstance(previous, dict):
+        previous = Strategy.from_dict(previous)
+    if len(previous.op_groups) != len(graph.ops):
+        return None
+    names = [m.name.lower() for m in topology.machines]
+    old_names = [str(n).lower() for n in previous.extra.get("machines", [])]
+    if not old_names and previous.masks.shape[1] == len(names):
+        old_names = names
+    out = np.empty(groups.num_groups, dtype=np.int64)
+    for g in range(groups.num_groups):
+        old = np.bincount(previous.op_groups[groups.members(g)], minlength=previous.num_groups)
+        og = int(np.argmax(old))
+        kept = {n for n, on in zip(old_names, previous.masks[og]) if on}
+        mask = np.array([n in kept for n in names], dtype=bool)
+        if not mask.any():
+            mask[:] = True
+        out[g] = space.index(mask, previous.options[og])
+    return out
+
+
+class _progress:
+    """A tqdm bar over the budget (iterations, else seconds) showing the best time so far."""
+
+    def __init__(self, desc: str, budget: Budget, show: bool):
+        self.desc, self.budget, self.show = desc, budget, show
+        self.bar = None
+
+    def __enter__(self) -> Callable[[int, SearchResult], None] | None:
+        if not self.show:
+            return None
+        from tqdm import tqdm
+
+        by_time = self.budget.iterations is None and self.budget.seconds is not None
+        total = self.budget.seconds if by_time else self.budget.iterations
+        self.bar = tqdm(total=total, desc=self.desc, unit="s" if by_time else "it", leave=False)
+
+        def update(iteration: int, best: SearchResult) -> None:
+            self.bar.n = round(best.wall_s, 1) if by_time else iteration
+            if math.isfinite(best.time_s):
+                self.bar.set_postfix(best_ms=f"{best.time_s * 1e3:.2f}", sims=best.simulations, refresh=False)
+            self.bar.refresh()
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
