@@ -1,12 +1,17 @@
 """Simulator speed: evaluations per second on one core, with peak RSS.
 
 For each model x topology, a fresh process pinned to one CPU core loads the captured
-graph (and CPU profiles, when `tag profile` has stored some) from $TAG_HOME (default
-.tag-bench), builds the Simulator once, then times repeated `Simulator.run` calls of a
+graph (and CPU profiles, when `tag profile` has stored some) from its own store
+(--home, default .tag-bench/simulator, so it never waits on another benchmark's DuckDB lock), builds the Simulator once, then times repeated `Simulator.run` calls of a
 strategy. Models not captured yet are captured first (`tag capture`, its own process).
 Writes benchmarks/simulator.json; `--markdown` prints the table for results.md.
 
     python benchmarks/simulator.py [--models vgg19,transformer,resnet101] [--seconds 5]
+
+Fidelity (`--fidelity mlp,small_cnn`): profile each model on this CPU at two batch sizes,
+then compare the simulator's one-device step time (from that profile) with the measured
+wall time of untraced steps, at the profiled batches and at one in between (interpolated).
+Uses its own store under .tag-bench/fidelity; results merge into the same JSON.
 """
 
 from __future__ import annotations
@@ -69,6 +74,62 @@ print(json.dumps(out))
 """
 
 
+FIDELITY_CHILD = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from tag_core import store
+from tag_core.gpu_catalog import CATALOG
+from tag_core.models import resolve_model
+from tag_core.profile import _session, initialise_randomly, profile_model
+from tag_core.simulate import Simulator
+from tag_core.strategy import Strategy
+from tag_core.topology import Machine, Topology
+from tag_core.trace import build_keras, synthetic_batch, trace_step
+model, profiled, evaluated = sys.argv[2], [int(b) for b in sys.argv[3].split(",")], [int(b) for b in sys.argv[4].split(",")]
+spec = resolve_model(model)
+conn = store.connect()
+profile_model(conn, spec, profiled, runs=5, warmup=2, show_progress=False)
+graph = store.load_op_graph(conn, spec.name)
+profiles = store.load_profiles(conn, spec.name, "cpu")
+conn.close()
+host = Topology("host", (Machine("host", CATALOG["cpu"], 1, 100.0),), 100.0)
+keras_objects = build_keras(spec)
+rows = []
+for b in evaluated:
+    step = trace_step(spec, b, keras_objects)
+    session = _session(step)  # the profiler's session settings: one op at a time
+    initialise_randomly(session, step)
+    feed = dict(zip(step.input_tensors, synthetic_batch(spec, b)))
+    fetches = [step.loss_tensor, step.train_ops]
+    for _ in range(3):
+        session.run(fetches, feed_dict=feed)
+    times = []
+    for _ in range(7):
+        t = time.perf_counter(); session.run(fetches, feed_dict=feed); times.append(time.perf_counter() - t)
+    session.close()
+    measured = statistics.median(times)
+    sim = Simulator(graph, host, profiles, batch_size=b)
+    predicted = sim.run(Strategy.uniform(len(graph.ops), 1, 1, "allreduce")).iteration_time_s
+    rows.append({"batch_size": b, "profiled": b in profiled, "measured_s": measured, "predicted_s": predicted,
+                 "error": (predicted - measured) / measured})
+print(json.dumps({"model": spec.name, "ops": len(graph.ops), "profiled_batches": profiled, "rows": rows}))
+"""
+
+
+def fidelity(models: list[str], profiled: str, evaluated: str) -> list[dict]:
+    env = {**os.environ, "TAG_HOME": str(ROOT / ".tag-bench" / "fidelity"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = []
+    for model in models:
+        print(f"fidelity {model} ...", file=sys.stderr, flush=True)
+        done = subprocess.run([sys.executable, "-c", FIDELITY_CHILD, str(ROOT), model, profiled, evaluated],
+                              env=env, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"fidelity {model} failed:\n{done.stderr[-3000:]}")
+        out.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"  {out[-1]['rows']}", file=sys.stderr, flush=True)
+    return out
+
+
 def ensure_captured(model: str, env: dict) -> None:
     code = ("import sys;from tag_core import store;c=store.connect();"
             "sys.exit(0 if store.captured_model(c, sys.argv[1]) else 1)")
@@ -88,8 +149,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--out", default=str(HERE / "simulator.json"))
     parser.add_argument("--markdown", action="store_true", help="print a markdown table too")
+    parser.add_argument("--home", default=str(ROOT / ".tag-bench" / "simulator"), help="TAG_HOME for the graphs")
+    parser.add_argument("--fidelity", help="only the fidelity check, for these models (comma-separated)")
+    parser.add_argument("--fidelity-profiled", default="2,8")
+    parser.add_argument("--fidelity-evaluated", default="2,4,8")
     args = parser.parse_args()
-    env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(ROOT / ".tag-bench")),
+    if args.fidelity:
+        path = Path(args.out)
+        report = json.loads(path.read_text()) if path.exists() else {}
+        report["fidelity"] = fidelity(args.fidelity.split(","), args.fidelity_profiled, args.fidelity_evaluated)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        if args.markdown:
+            print(fidelity_markdown(report["fidelity"]))
+        return
+    env = {**os.environ, "TAG_HOME": args.home,
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     rows = []
     for model in args.models.split(","):
@@ -109,6 +182,7 @@ def main() -> None:
                 row["meets_goal"] = dp >= GOALS[model]
             rows.append(row)
             print(f"  dp-nccl {dp:.1f} evals/s, peak RSS {row['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; runs pinned to one core",
         "python": platform.python_version(),
@@ -116,6 +190,8 @@ def main() -> None:
         "timing_window_s": args.seconds,
         "results": rows,
     }
+    if "fidelity" in previous:
+        report["fidelity"] = previous["fidelity"]
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     if args.markdown:
         print(markdown(report))
@@ -131,6 +207,16 @@ def markdown(report: dict) -> str:
         goal = f"≥ {r['goal_evals_per_s']} ({'met' if r['meets_goal'] else 'MISSED'})" if "goal_evals_per_s" in r else ""
         lines.append(f"| {r['model']} | {r['topology']} | {r['ops']} | {r['devices']} | {slots} | {get('dp-nccl')} | "
                      f"{get('horovod')} | {get('ps')} | {r['build_s']:.2f} | {r['peak_rss_mib']:.0f} | {goal} |")
+    return "\n".join(lines)
+
+
+def fidelity_markdown(rows: list[dict]) -> str:
+    lines = ["| model | ops | batch | profiled at | measured ms | predicted ms | error |", "|---|---|---|---|---|---|---|"]
+    for m in rows:
+        for r in m["rows"]:
+            where = "this batch" if r["profiled"] else f"{m['profiled_batches']} (interpolated)"
+            lines.append(f"| {m['model']} | {m['ops']} | {r['batch_size']} | {where} | {r['measured_s'] * 1e3:.2f} | "
+                         f"{r['predicted_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% |")
     return "\n".join(lines)
 
 
