@@ -15,8 +15,8 @@ Masks stay few so that the tree stays shallow-wide rather than exponential:
   - the k fastest machines (by summed device speed) for k = 2 .. M-1, k thinned
     geometrically when M is large;
   - any extra mask a warm-start plan used.
-Duplicates are dropped, so 2 machines give 3 masks and testbed.json (7 machines,
-3 types) 16; with 4 options that is 12 and 64 actions.
+Duplicates are dropped: testbed.json (7 machines, 3 types) gets 15 masks, 60 actions;
+cloud.json (6 machines, 2 types) 12 masks, 48 actions.
 
 Selection is PUCT, `q + c·p·sqrt(N)/(1+n)` with `c = sqrt(actions/10)` (the TAG
 authors' choice), where q is the child's mean reward min-max normalised over the

@@ -39,6 +39,19 @@ SCHEMA = [
         model TEXT NOT NULL, op TEXT NOT NULL, device_type TEXT NOT NULL, batch_size INTEGER NOT NULL,
         run INTEGER NOT NULL, time_us DOUBLE NOT NULL, host TEXT, tf_version TEXT,
         profiled_at TIMESTAMP DEFAULT current_timestamp)""",
+    # Planning (tag plan, op_groups / cluster_topology / deployment_plan assets).
+    """CREATE TABLE IF NOT EXISTS op_group_sets (
+        model TEXT PRIMARY KEY, graph_hash TEXT NOT NULL, groups_hash TEXT NOT NULL, num_groups INTEGER NOT NULL,
+        seed INTEGER NOT NULL, groups JSON NOT NULL, created_at TIMESTAMP DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS topology_snapshots (
+        topology TEXT NOT NULL, content_hash TEXT NOT NULL, snapshot JSON NOT NULL, source_file TEXT,
+        recorded_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (topology, content_hash))""",
+    """CREATE TABLE IF NOT EXISTS plans (
+        plan_id TEXT PRIMARY KEY, model TEXT NOT NULL, topology TEXT NOT NULL, source TEXT,
+        tag_time_s DOUBLE, dp_nccl_time_s DOUBLE, speedup_vs_dp_nccl DOUBLE, oom BOOLEAN,
+        graph_hash TEXT, profile_hash TEXT, groups_hash TEXT, topology_hash TEXT, checkpoint_hash TEXT,
+        code_version TEXT, seed INTEGER, budget JSON, warm_start_from TEXT, plan JSON NOT NULL,
+        created_at TIMESTAMP DEFAULT current_timestamp)""",
 ]
 
 PROFILE_COLUMNS = ["model", "op", "device_type", "batch_size", "run", "time_us", "host", "tf_version", "profiled_at"]
@@ -222,3 +235,79 @@ def profile_set_hash(conn, model: str) -> str | None:
         [model],
     ).fetchone()
     return row[0][:16] if row and row[0] else None
+
+
+# ---- planning: op groups, topology snapshots, plans --------------------------
+
+
+def save_op_groups(conn, model: str, graph_hash: str, groups: dict, groups_hash: str) -> None:
+    """The current op groups of `model` (`OpGroups.to_json()`), replacing the previous set."""
+    with transaction(conn):
+        conn.execute("DELETE FROM op_group_sets WHERE model = ?", [model])
+        conn.execute(
+            "INSERT INTO op_group_sets (model, graph_hash, groups_hash, num_groups, seed, groups) VALUES (?, ?, ?, ?, ?, ?)",
+            [model, graph_hash, groups_hash, len(groups["group_time_us"]), groups["seed"], json.dumps(groups)],
+        )
+
+
+def load_op_groups(conn, model: str) -> dict | None:
+    """{graph_hash, groups_hash, groups} of `model`'s stored groups, or None."""
+    row = conn.execute("SELECT graph_hash, groups_hash, groups FROM op_group_sets WHERE model = ?", [model]).fetchone()
+    return None if row is None else {"graph_hash": row[0], "groups_hash": row[1], "groups": json.loads(row[2])}
+
+
+def save_topology_snapshot(conn, topology: str, content_hash: str, snapshot: dict, source_file: str | None) -> None:
+    """Record a validated snapshot; the same content again only refreshes its time."""
+    with transaction(conn):
+        conn.execute("DELETE FROM topology_snapshots WHERE topology = ? AND content_hash = ?", [topology, content_hash])
+        conn.execute(
+            "INSERT INTO topology_snapshots (topology, content_hash, snapshot, source_file) VALUES (?, ?, ?, ?)",
+            [topology, content_hash, json.dumps(snapshot), source_file],
+        )
+
+
+def latest_topology_snapshot(conn, topology: str) -> dict | None:
+    """{content_hash, snapshot, source_file} most recently recorded for `topology`, or None."""
+    row = conn.execute(
+        "SELECT content_hash, snapshot, source_file FROM topology_snapshots WHERE topology = ? "
+        "ORDER BY recorded_at DESC LIMIT 1", [topology],
+    ).fetchone()
+    return None if row is None else {"content_hash": row[0], "snapshot": json.loads(row[1]), "source_file": row[2]}
+
+
+PLAN_COLUMNS = ["plan_id", "model", "topology", "source", "tag_time_s", "dp_nccl_time_s", "speedup_vs_dp_nccl", "oom",
+                "graph_hash", "profile_hash", "groups_hash", "topology_hash", "checkpoint_hash", "code_version", "seed",
+                "budget", "warm_start_from", "plan", "created_at"]
+
+
+def save_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | None = None) -> None:
+    """Append a plan (the plan JSON of `tag plan`) with its lineage columns; plans are never overwritten."""
+    lineage = plan.get("lineage", {})
+    values = [plan_id, plan["model"], topology_key or plan["topology"], source, plan["tag"]["iteration_time_s"],
+              plan["baselines"]["dp_nccl"]["iteration_time_s"], plan.get("speedup_vs_dp_nccl"), plan["oom"],
+              lineage.get("graph_hash"), lineage.get("profile_hash"), lineage.get("groups_hash"),
+              lineage.get("topology_hash"), lineage.get("checkpoint"), lineage.get("code_version"),
+              lineage.get("seed"), json.dumps(lineage.get("budget")), lineage.get("warm_start_from"), json.dumps(plan)]
+    with transaction(conn):
+        conn.execute(f"INSERT INTO plans ({', '.join(PLAN_COLUMNS[:-1])}) VALUES ({', '.join('?' * len(values))})", values)
+
+
+def load_plans(conn, model: str | None = None, topology: str | None = None) -> pd.DataFrame:
+    """Plan rows, newest first, optionally for one model and/or topology (the plan JSON stays a string)."""
+    clauses, params = [], []
+    for column, value in (("model", model), ("topology", topology)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return conn.execute(f"SELECT {', '.join(PLAN_COLUMNS)} FROM plans {where} ORDER BY created_at DESC, plan_id",
+                        params).df()
+
+
+def latest_plan(conn, model: str, topology: str) -> tuple[str, dict] | None:
+    """(plan_id, plan JSON) of the newest plan for a model and topology, or None."""
+    row = conn.execute(
+        "SELECT plan_id, plan FROM plans WHERE model = ? AND topology = ? ORDER BY created_at DESC LIMIT 1",
+        [model, topology],
+    ).fetchone()
+    return None if row is None else (row[0], json.loads(row[1]))

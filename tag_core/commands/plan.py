@@ -1,0 +1,137 @@
+"""`tag plan MODEL --topology FILE`: search a deployment plan with MCTS and compare it with the baselines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from ._common import open_store, positive_int, print_json, require
+
+
+def _positive_float(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="search a deployment plan (MCTS) and compare it with the baselines")
+    parser.add_argument("model", help="zoo name or path/to/file.py:function (captured and profiled first if needed)")
+    parser.add_argument("--topology", required=True, help="topology snapshot JSON")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch to plan for (default: the model's)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget-iterations", type=positive_int, help="MCTS iterations (default 300)")
+    budget.add_argument("--budget-seconds", type=_positive_float, help="MCTS wall-clock seconds")
+    parser.add_argument("--seed", type=_seed, default=0, help="search seed (default 0)")
+    parser.add_argument("--groups", type=positive_int, default=60, help="METIS op groups (default 60)")
+    parser.add_argument("--warm-start", metavar="PLAN_JSON", help="start the search from a previous plan file")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--out", metavar="PLAN_JSON", help="write the plan JSON to this file (atomically)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .. import store
+    from ..captures import ensure_captured
+    from ..errors import TagInputError
+    from ..files import write_atomically
+    from ..mcts import Budget
+    from ..models import resolve_model
+    from ..planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
+    from ..profile import profile_model
+    from ..topology import load_topology
+
+    topology = load_topology(args.topology)
+    if args.out:
+        out_dir = Path(args.out).parent
+        require(out_dir.is_dir(), "--out", f"directory {str(out_dir)!r} does not exist")
+    warm = _read_plan(args.warm_start) if args.warm_start else None
+    spec = resolve_model(args.model)
+    batch = args.batch_size or spec.batch_size
+    conn = open_store(args)
+    try:
+        graph = ensure_captured(conn, spec)
+        profiles = store.load_profiles(conn, spec.name)
+        if profiles.empty:
+            sizes = profile_batch_sizes(batch, topology)
+            print(f"tag: no op profiles for {spec.name}; profiling at batch sizes {sizes}", file=sys.stderr)
+            profile_model(conn, spec, sizes, runs=3, warmup=1, show_progress=True)
+            profiles = store.load_profiles(conn, spec.name)
+        profile_hash = store.profile_set_hash(conn, spec.name)
+    finally:
+        conn.close()
+    budget = (Budget(seconds=args.budget_seconds) if args.budget_seconds
+              else Budget(iterations=args.budget_iterations or DEFAULT_ITERATIONS))
+    try:
+        result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
+                      seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True,
+                      lineage={"warm_start_from": args.warm_start})
+    except TagInputError as exc:
+        if exc.where == "strategy" or exc.where.startswith(("groups", "batch_shares", "op_groups")):
+            raise TagInputError(f"--warm-start {args.warm_start}: {exc.where}", exc.problem) from None
+        raise
+    data = result.to_dict()
+    text = json.dumps(data, indent=2)
+    if args.out:
+        write_atomically(args.out, text + "\n", make_parents=False)
+    conn = open_store(args)
+    try:
+        store.save_plan(conn, uuid.uuid4().hex[:16], data, source="cli")
+    finally:
+        conn.close()
+    if args.json:
+        print_json(data)
+    else:
+        print(format_table(data, result.actions))
+        if args.out:
+            print(f"plan written to {args.out}")
+    return 0
+
+
+def _read_plan(path: str) -> dict:
+    from ..errors import TagInputError
+
+    p = Path(path)
+    if not p.is_file():
+        raise TagInputError("--warm-start", f"{path} does not exist")
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TagInputError("--warm-start", f"{path} is not valid JSON: {exc}") from None
+
+
+def format_table(data: dict, actions: list[str]) -> str:
+    from ..planner import comparison_rows
+
+    search = data["search"]
+    lines = [f"{data['model']} on {data['topology']}, batch {data['batch_size']}, {data['groups']} op groups",
+             f"{'plan':<20} {'iteration ms':>13} {'TAG speedup':>12}"]
+    for label, t, oom, speedup in comparison_rows(data):
+        lines.append(f"{label:<20} {t * 1e3:13.2f} {speedup:11.2f}x" + ("  OUT OF MEMORY" if oom else ""))
+    first = search["first_better_than_dp_iteration"]
+    lines.append(f"search: {search['iterations']} iterations, {search['simulations']} simulations, "
+                 f"{search['wall_s']:.1f} s; better than DP-NCCL from iteration {first if first else 'never'}")
+    counts = Counter(actions)
+    lines.append("groups: " + ", ".join(f"{n} x {a}" for a, n in counts.most_common()))
+    return "\n".join(lines)
