@@ -39,11 +39,14 @@ def detect_device_type() -> str:
 
 
 def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
-    """Small random parameters, zero optimizer state; one variable at a time to keep memory flat."""
+    """Small random parameters, zero optimizer slots, recorded values for small variables
+    (learning rate, step counter); one variable at a time to keep memory flat."""
     rng = np.random.default_rng(seed)
     for i, variable in enumerate(step.variables):
         dtype = np.dtype(variable.dtype)
-        if variable.owner == "model" and dtype.kind == "f":
+        if variable.initial is not None:
+            value = np.asarray(variable.initial, dtype=dtype).reshape(variable.shape)
+        elif variable.owner == "model" and dtype.kind == "f":
             value = (rng.standard_normal(variable.shape, dtype=np.float32) * 0.05).astype(dtype)
         else:
             value = np.zeros(variable.shape, dtype=dtype)

@@ -21,6 +21,7 @@ from .errors import TagInputError  # noqa: E402
 from .models import ModelSpec  # noqa: E402
 
 INIT_SCOPE = "tag_init"
+SMALL_VARIABLE = 64  # elements; such variables keep their initial values in the step file
 
 
 @dataclass
@@ -32,6 +33,9 @@ class TracedVariable:
     trainable: bool
     owner: str  # "model" or "optimizer"
     gradient: str | None = None  # tensor holding this variable's gradient
+    # Values of small variables (learning rate, step counter): a step graph loaded from
+    # file must start from these, not from zeros.
+    initial: list | float | int | None = None
 
     @property
     def bytes(self) -> int:
@@ -170,6 +174,7 @@ def _to_runnable(spec, batch_size, concrete, model, optimizer, gradient_names) -
                     trainable=id(variable) in trainable_ids,
                     owner=owner,
                     gradient=gradient_names.get(_path(variable)),
+                    initial=np.asarray(variable.numpy()).tolist() if int(np.prod(shape)) <= SMALL_VARIABLE else None,
                 )
             )
         else:  # a captured constant
