@@ -15,7 +15,8 @@ Masks stay few so that the tree stays shallow-wide rather than exponential:
   - the k fastest machines (by summed device speed) for k = 2 .. M-1, k thinned
     geometrically when M is large;
   - any extra mask a warm-start plan used.
-Duplicates are dropped: testbed.json (7 machines, 3 types) gets 15 masks, 60 actions;
+A model-parallel action splits the group's ops over the mask's devices with METIS
+(`Evaluator._split`, the largest part on the fastest device). Duplicates are dropped: testbed.json (7 machines, 3 types) gets 15 masks, 60 actions;
 cloud.json (6 machines, 2 types) 12 masks, 48 actions.
 
 Selection is PUCT, `q + c·p·sqrt(N)/(1+n)` with `c = sqrt(actions/10)` (the TAG
@@ -41,7 +42,8 @@ from typing import Callable
 
 import numpy as np
 
-from .grouping import OpGroups
+from .graph import Edge, OpGraph
+from .grouping import OpGroups, group_ops
 from .simulate import SimResult, Simulator
 from .strategy import OPTIONS, Strategy
 
@@ -132,9 +134,13 @@ class Evaluator:
     """
 
     def __init__(self, sim: Simulator, groups: OpGroups, space: ActionSpace, shares: np.ndarray,
-                 fusion_bytes: int = 0, overlap: bool = True, keep_results: int = 16):
+                 fusion_bytes: int = 0, overlap: bool = True, speed: np.ndarray | None = None,
+                 keep_results: int = 16):
         self.sim, self.groups, self.space = sim, groups, space
         self.shares, self.fusion_bytes, self.overlap = np.asarray(shares, dtype=float), int(fusion_bytes), overlap
+        self.speed = self.shares if speed is None else np.asarray(speed, dtype=float)
+        self._splits: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._edges_by_group: dict[int, np.ndarray] | None = None
         self.cache: dict[bytes, Score] = {}
         self.simulations = 0
         self._recent: OrderedDict[bytes, SimResult] = OrderedDict()
@@ -143,8 +149,34 @@ class Evaluator:
     def strategy(self, actions: np.ndarray, name: str = "tag") -> Strategy:
         actions = np.asarray(actions, dtype=np.int64)
         k = len(OPTIONS)
+        op_devices = None
+        mp = np.flatnonzero(actions % k == MODEL_PARALLEL)
+        if len(mp):
+            op_devices = np.full(len(self.groups.assignment), -1, dtype=np.int64)
+            for g in mp.tolist():
+                ops, devs = self._split(g, int(actions[g] // k))
+                op_devices[ops] = devs
         return Strategy(self.groups.assignment, self.space.masks[actions // k], [OPTIONS[a % k] for a in actions],
-                        self.shares, fusion_bytes=self.fusion_bytes, overlap=self.overlap, name=name)
+                        self.shares, fusion_bytes=self.fusion_bytes, overlap=self.overlap, op_devices=op_devices,
+                        name=name)
+
+    def _split(self, group: int, mask: int) -> tuple[np.ndarray, np.ndarray]:
+        """Model parallelism: METIS splits the group's ops over the mask's devices, one part per
+        device, the largest part on the fastest device (variables stay with their readers)."""
+        key = (group, mask)
+        hit = self._splits.get(key)
+        if hit is None:
+            ops = self.groups.members(group)
+            devs = np.flatnonzero(self.space.masks[mask][self.sim.dev_machine] & (self.shares > 0))
+            devs = devs[np.argsort(-self.speed[devs], kind="stable")]
+            if self._edges_by_group is None:
+                src_group = self.groups.assignment[self.sim.e_src]
+                inside = np.flatnonzero(src_group == self.groups.assignment[self.sim.e_dst])
+                self._edges_by_group = {int(x): inside[src_group[inside] == x] for x in np.unique(src_group[inside])}
+            edges = self._edges_by_group.get(group, np.zeros(0, dtype=np.int64))
+            parts = group_ops(subgraph(self.sim.graph, ops, edges), self.sim.ref_time[ops] * 1e6, len(devs), seed=0)
+            hit = self._splits[key] = (ops, devs[parts.assignment])
+        return hit
 
     def score(self, actions: np.ndarray) -> Score:
         key = np.asarray(actions, dtype=np.int64).tobytes()
@@ -174,6 +206,14 @@ class Evaluator:
             self._recent.popitem(last=False)
 
 
+def subgraph(graph: OpGraph, ops: np.ndarray, edges: np.ndarray) -> OpGraph:
+    """The ops `ops` (sorted indices) and `edges` (indices of edges among them), renumbered."""
+    local = {int(i): k for k, i in enumerate(ops.tolist())}
+    kept = [graph.edges[i] for i in edges.tolist()]
+    return OpGraph(graph.model, graph.batch_size, [graph.ops[i] for i in ops.tolist()],
+                   [Edge(local[e.src], local[e.dst], e.bytes, e.batch, e.tensor) for e in kept], [])
+
+
 def reward(score: Score, baseline_s: float) -> float:
     return -1.0 if score.oom else baseline_s / max(score.time_s, 1e-12) - 1.0
 
@@ -186,8 +226,9 @@ class SearchState:
     """What a prior hook sees: the node about to choose group `depth`'s action."""
 
     depth: int
-    decided: tuple[int, ...]  # actions of groups 0 .. depth-1
-    actions: np.ndarray  # the node's full action vector as scored (undecided groups on the default)
+    group: int  # the group this node decides (groups are decided in `Mcts.order`)
+    decided: tuple[int, ...]  # actions of the groups decided so far, in decision order
+    actions: np.ndarray  # the node's full action vector per group, as scored (undecided on the default)
     evaluator: Evaluator
 
     def strategy(self) -> Strategy:
@@ -274,11 +315,17 @@ class MctsConfig:
 
 
 class Mcts:
+    """The search. `order` is the order groups are decided in (default: group index,
+    i.e. largest compute first); the planner puts heavy-communication groups early too."""
+
     def __init__(self, evaluator: Evaluator, baseline_s: float, dp_time_s: float, seed: int = 0,
-                 prior: Prior | None = None, config: MctsConfig | None = None):
+                 prior: Prior | None = None, config: MctsConfig | None = None, order: np.ndarray | None = None):
         self.ev, self.baseline, self.prior_fn = evaluator, baseline_s, prior
         self.cfg = config or MctsConfig()
         self.G, self.K = evaluator.groups.num_groups, evaluator.space.size
+        self.order = np.arange(self.G) if order is None else np.asarray(order, dtype=np.int64)
+        if sorted(self.order.tolist()) != list(range(self.G)):
+            raise ValueError("order must be a permutation of the group indices")
         self.rng = np.random.default_rng(seed)
         self.root = _Node()
         self.best = _Best(dp_time_s)
@@ -290,14 +337,15 @@ class Mcts:
         if fill < 0:
             fill = self.ev.space.all_machines
         out = np.full(self.G, fill, dtype=np.int64)
-        out[: len(path)] = path
+        out[self.order[: len(path)]] = path
         return out
 
     def _priors(self, node: _Node, path: list[int]) -> None:
         if self.prior_fn is None:
             p = np.full(self.K, 1.0 / self.K)
         else:
-            state = SearchState(len(path), tuple(path), self._fill(path), self.ev)
+            group = int(self.order[len(path)]) if len(path) < self.G else -1
+            state = SearchState(len(path), group, tuple(path), self._fill(path), self.ev)
             p = check_prior(self.prior_fn(state), self.K)
         node.prior, node.visits, node.total = p, np.zeros(self.K), np.zeros(self.K)
 
@@ -349,7 +397,7 @@ class Mcts:
         """Warm start: walk a known plan's actions into the tree and score it once."""
         self.iterations += 1
         node, nodes, path = self.root, [self.root], []
-        for a in np.asarray(actions, dtype=np.int64).tolist():
+        for a in np.asarray(actions, dtype=np.int64)[self.order].tolist():
             if node.prior is None:
                 self._priors(node, path)
             path.append(a)

@@ -181,7 +181,7 @@ def plan(
         tag = search.run(budget, progress=bar)
     tag.simulations += setup_sims
     mcmc_budget = Budget(simulations=mcmc_simulations or max(ev.simulations, 1))
-    mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap)
+    mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
     mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed)
     strategy = ev.strategy(tag.actions)
     strategy.extra = {"machines": [m.name for m in topology.machines]}
@@ -211,14 +211,14 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
     for shares_name, shares in (("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))):
         for fusion in (0, HOROVOD_FUSION_BYTES):
-            ev = Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=True)
+            ev = Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=True, speed=speed)
             score = ev.score(np.full(G, allreduce))
             tried.append(((score.oom, score.time_s), ev, {"batch_shares": shares_name, "fusion_bytes": fusion}))
     spent = len(tried)
     key, ev, settings = min(tried, key=lambda t: t[0])
     if not key[0]:
         return ev, spent - 1, allreduce, {**settings, "overlap": True, "out_of_memory_mode": False}
-    ev = Evaluator(sim, groups, space, speed / speed.sum(), fusion_bytes=0, overlap=True)
+    ev = Evaluator(sim, groups, space, speed / speed.sum(), fusion_bytes=0, overlap=True, speed=speed)
     mp = allreduce - OPTIONS.index("allreduce") + MODEL_PARALLEL
     score: Score = ev.score(np.full(G, mp))
     if score.oom:
