@@ -169,7 +169,7 @@ def plan(
         raise TagInputError("groups", f"cover {len(groups.assignment)} ops but the graph has {sim.n}")
     speed = device_speed(sim)
     space = ActionSpace.build(sim, speed)
-    warm = _warm_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
+    warm = warm_start_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
     ev, setup_sims, default, settings = _settings(sim, groups, space, speed)
     baseline_s = dp.iteration_time_s if not dp.oom else ev.score(np.full(groups.num_groups, default)).time_s
     cfg = MctsConfig(default=-1 if default == space.all_machines else default)
@@ -241,7 +241,7 @@ def _does_not_fit(sim: Simulator, result) -> None:
     )
 
 
-def _warm_actions(previous: dict | Strategy, graph: OpGraph, topology: Topology, groups: OpGroups,
+def warm_start_actions(previous: dict | Strategy, graph: OpGraph, topology: Topology, groups: OpGroups,
                   space: ActionSpace) -> np.ndarray | None:
     """A previous plan's choices mapped onto these groups and machines (None when they do not map).
 
@@ -249,7 +249,8 @@ def _warm_actions(previous: dict | Strategy, graph: OpGraph, topology: Topology,
     machine name, so a plan survives machines joining or leaving.
     """
     if isinstance(previous, dict):
-        previous = Strategy.from_dict(previous)
+        # A plan JSON embeds its strategy (its own "groups" is a count, so unwrap it here).
+        previous = Strategy.from_dict(previous["strategy"] if isinstance(previous.get("strategy"), dict) else previous)
     if len(previous.op_groups) != len(graph.ops):
         return None
     names = [m.name.lower() for m in topology.machines]
@@ -282,13 +283,13 @@ class _progress:
 
         by_time = self.budget.iterations is None and self.budget.seconds is not None
         total = self.budget.seconds if by_time else self.budget.iterations
-        self.bar = tqdm(total=total, desc=self.desc, unit="s" if by_time else "it", leave=False)
+        self.bar = tqdm(total=total, desc=self.desc, unit="s" if by_time else "it", leave=False, mininterval=0.5)
 
         def update(iteration: int, best: SearchResult) -> None:
-            self.bar.n = round(best.wall_s, 1) if by_time else iteration
+            done = min(round(best.wall_s, 1), total) if by_time else iteration
             if math.isfinite(best.time_s):
                 self.bar.set_postfix(best_ms=f"{best.time_s * 1e3:.2f}", sims=best.simulations, refresh=False)
-            self.bar.refresh()
+            self.bar.update(done - self.bar.n)  # update() redraws at most every mininterval
 
         return update
 

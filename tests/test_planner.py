@@ -1,0 +1,239 @@
+"""plan(): the plan JSON, baselines, ideal time, lineage, warm starts, out-of-memory handling;
+and `tag plan` end to end on a tiny captured model, bad input included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from simgraphs import profiles, topology, train_graph
+from tag_core import store
+from tag_core.cli import main
+from tag_core.errors import TagInputError
+from tag_core.gpu_catalog import GpuType
+from tag_core.mcts import Budget
+from tag_core.baselines import device_speed
+from tag_core.mcts import ActionSpace
+from tag_core.planner import (
+    code_version, ideal_time_s, make_groups, markdown_table, plan, profile_batch_sizes, warm_start_actions,
+)
+from tag_core.simulate import Simulator
+from tag_core.strategy import Strategy
+
+MODEL = "mlp[features=16,hidden=8]"
+
+
+def _mixed(**kw):
+    return topology(("fast", "V100-32GB", 2, 100.0), ("slow1", "T4", 2, 50.0), ("slow2", "T4", 2, 50.0),
+                    inter_gbps=kw.get("inter", 10.0))
+
+
+def _plan(topo=None, layers: int = 6, **kwargs):
+    g = train_graph(layers=layers)
+    prof = profiles(g, "cpu", per_sample_us=100.0, constant_us=20.0)
+    kwargs.setdefault("budget", Budget(iterations=30))
+    return g, prof, plan(g, topo or _mixed(), prof, num_groups=6, profile_hash="p123", **kwargs)
+
+
+def test_plan_json_carries_every_field_and_beats_the_baselines():
+    g, prof, p = _plan()
+    data = json.loads(json.dumps(p.to_dict()))  # JSON-clean
+    assert {"model", "topology", "batch_size", "groups", "strategy", "tag", "baselines", "speedup_vs_dp_nccl",
+            "ideal_time_s", "oom", "search", "lineage"} <= set(data)
+    assert data["model"] == "hand" and data["topology"] == "test" and data["batch_size"] == g.batch_size
+    assert data["groups"] == p.groups.num_groups
+    assert set(data["baselines"]) == {"dp_nccl", "dp_nccl_p", "horovod", "mcmc"}
+    assert set(data["search"]) == {"iterations", "simulations", "wall_s", "first_better_than_dp_iteration"}
+    tag = data["tag"]["iteration_time_s"]
+    baselines = [b["iteration_time_s"] for b in data["baselines"].values()]
+    assert tag <= min(baselines) + 1e-12
+    assert data["speedup_vs_dp_nccl"] == pytest.approx(data["baselines"]["dp_nccl"]["iteration_time_s"] / tag)
+    assert 0 < data["ideal_time_s"] <= tag
+    assert data["oom"] is False
+    assert data["search"]["iterations"] == 30  # the default plan, scored first, is iteration 1
+    assert 1 <= data["search"]["simulations"] <= data["search"]["iterations"] + 4
+    # The strategy round-trips and re-simulates to the reported time.
+    strategy = Strategy.from_dict(data["strategy"])
+    sim = Simulator(g, _mixed(), prof)
+    assert sim.run(strategy).iteration_time_s == pytest.approx(tag)
+    lineage = data["lineage"]
+    assert lineage["graph_hash"] == g.content_hash() and lineage["profile_hash"] == "p123"
+    assert lineage["groups_hash"] == make_groups(g, prof, 6).content_hash()
+    assert lineage["topology_hash"] == _mixed().content_hash()
+    assert lineage["code_version"] == code_version() and lineage["seed"] == 0
+    assert lineage["budget"] == {"iterations": 30}
+    table = markdown_table(data)
+    assert table.count("\n") == 1 + 1 + 4 + 1 and "| DP-NCCL |" in table and "| MCMC |" in table
+
+
+def test_plan_is_deterministic_for_a_seed():
+    _, _, a = _plan(seed=4)
+    _, _, b = _plan(seed=4)
+    assert a.tag.time_s == b.tag.time_s and np.array_equal(a.tag.actions, b.tag.actions)
+    assert a.mcmc.time_s == b.mcmc.time_s
+
+
+def test_mcmc_gets_the_same_simulation_budget():
+    _, _, p = _plan()
+    mcts_sims = p.simulations - 3  # three of the four setting probes are not MCTS's
+    assert p.mcmc.simulations == mcts_sims
+    assert p.baselines["mcmc"] == p.mcmc.time_s
+
+
+def test_ideal_time_is_the_balanced_compute_lower_bound():
+    g = train_graph(layers=2)
+    topo = topology(("one", "V100-32GB", 1, 100.0), ("two", "T4", 1, 100.0))
+    sim = Simulator(g, topo, profiles(g, "cpu"))
+    v100 = sim.compute.times(topo.devices[0].gpu, sim.batch).sum()
+    t4 = sim.compute.times(topo.devices[1].gpu, sim.batch).sum()
+    assert ideal_time_s(sim) == pytest.approx(1.0 / (1.0 / v100 + 1.0 / t4))
+
+
+def test_warm_start_maps_a_plan_onto_a_changed_topology():
+    g, prof, first = _plan()
+    previous = first.to_dict()
+    assert previous["strategy"]["extra"]["machines"] == ["fast", "slow1", "slow2"]
+    # Same machines: every group keeps its mask and option.
+    sim = Simulator(g, _mixed(), prof)
+    same = warm_start_actions(previous, g, _mixed(), first.groups, ActionSpace.build(sim, device_speed(sim)))
+    assert [a for a in first.actions] == [ActionSpace.build(sim, device_speed(sim)).describe(a) for a in same]
+    # slow1 leaves and the machines come in another order: masks map by machine name.
+    old = Strategy.from_dict(previous["strategy"])
+    old.masks[:] = True
+    old.masks[0], old.options[0] = [False, True, False], "duplicate"  # only on slow1
+    old.masks[1], old.options[1] = [False, False, True], "ps"  # only on slow2
+    smaller = topology(("slow2", "T4", 2, 50.0), ("fast", "V100-32GB", 2, 100.0), inter_gbps=10.0)
+    sim = Simulator(g, smaller, prof)
+    space = ActionSpace.build(sim, device_speed(sim))
+    actions = warm_start_actions(old, g, smaller, first.groups, space)
+    masks = [space.mask(a).tolist() for a in actions]
+    assert masks[0] == [True, True]  # its machine is gone: every machine
+    assert masks[1] == [True, False]  # slow2, now the first machine
+    assert all(m == [True, True] for m in masks[2:])
+    assert [space.option(a) for a in actions] == old.options
+    # A warm-started search begins from the previous plan and can only improve on it.
+    _, _, again = _plan(warm_start=previous, budget=Budget(iterations=3))
+    assert again.tag.time_s <= first.tag.time_s
+
+
+def _tiny(mem_gb: float) -> GpuType:
+    return GpuType("tiny", tflops=10.0, mem_gb=mem_gb, mem_bw_gbps=500.0)
+
+
+def test_out_of_memory_everywhere_moves_to_model_parallelism():
+    topo = topology(("a", _tiny(0.04), 2, 100.0), ("b", _tiny(0.04), 2, 100.0), inter_gbps=10.0)
+    _, _, p = _plan(topo=topo)
+    assert p.baseline_oom["dp_nccl"] and p.baseline_oom["horovod"]
+    assert p.settings["out_of_memory_mode"] is True
+    assert not p.oom and "model_parallel" in p.strategy.options
+    assert p.to_dict()["speedup_vs_dp_nccl"] is None
+
+
+def test_a_model_that_fits_nowhere_names_the_memory_it_needs():
+    topo = topology(("a", _tiny(0.001), 2, 100.0), inter_gbps=10.0)
+    with pytest.raises(TagInputError) as err:
+        _plan(topo=topo)
+    message = str(err.value)
+    assert err.value.where == "model" and "\n" not in message
+    assert "fits no device set" in message and "GB" in message and "the cluster has 0.00 GB" in message
+
+
+def test_profile_batch_sizes_are_divisors_near_the_replica_shares():
+    topo = topology(("a", "V100-32GB", 4, 100.0), ("b", "T4", 2, 100.0), ("c", "T4", 2, 100.0))
+    assert profile_batch_sizes(32, topo) == [4, 8]  # 32 / 8 devices, 32 / 4 on the largest machine
+    assert profile_batch_sizes(30, topo) == [3, 6]  # 3.75 -> 3 (divisor of 30), 7.5 -> 6
+    assert profile_batch_sizes(1, topo) == [1]
+
+
+# ---- the command -------------------------------------------------------------------------
+
+
+def _topology_file(tmp_path: Path, name: str = "tiny", mem_gb: float | None = None) -> Path:
+    gpu = "T4" if mem_gb is None else {"name": "tiny", "tflops": 1.0, "mem_gb": mem_gb, "mem_bw_gbps": 100.0}
+    data = {"name": name, "machines": [{"name": "m0", "gpu": "V100-16GB", "count": 2, "intra_gbps": 100},
+                                       {"name": "m1", "gpu": gpu, "count": 2, "intra_gbps": 50}], "inter_gbps": 10}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """One `tag plan` run on a fresh store: it captures, profiles and plans."""
+    tmp = tmp_path_factory.mktemp("plan")
+    db, topo, out = tmp / "tag.duckdb", _topology_file(tmp), tmp / "plan.json"
+    code = main(["--db", str(db), "plan", MODEL, "--topology", str(topo), "--budget-iterations", "20",
+                 "--groups", "8", "--batch-size", "8", "--out", str(out)])
+    return code, db, topo, out, tmp
+
+
+def test_tag_plan_profiles_first_then_writes_the_plan(planned, capsys):
+    code, db, topo, out, _ = planned
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == MODEL and data["topology"] == "tiny" and data["batch_size"] == 8
+    assert data["groups"] <= 8 and data["search"]["iterations"] == 20
+    with duckdb.connect(str(db), read_only=True) as conn:
+        sizes = sorted(r[0] for r in conn.execute(
+            "SELECT DISTINCT batch_size FROM op_profiles WHERE model = ?", [MODEL]).fetchall())
+        plans = store.load_plans(conn, MODEL, "tiny")
+        profile_hash = store.profile_set_hash(conn, MODEL)
+    assert sizes == [2, 4]  # 8 / 4 devices, 8 / 2 on the largest machine
+    assert len(plans) == 1 and plans.source[0] == "cli"
+    assert plans.tag_time_s[0] == data["tag"]["iteration_time_s"]
+    assert data["lineage"]["profile_hash"] == profile_hash == plans.profile_hash[0]
+    assert not list(out.parent.glob(".plan.json.*"))  # no temporary left behind
+
+
+def test_tag_plan_json_and_table(planned, capsys):
+    _, db, topo, _, _ = planned
+    assert main(["--db", str(db), "plan", MODEL, "--topology", str(topo), "--budget-iterations", "5",
+                 "--groups", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["search"]["iterations"] == 5 and data["lineage"]["budget"] == {"iterations": 5}
+    assert main(["--db", str(db), "plan", MODEL, "--topology", str(topo), "--budget-seconds", "0.5",
+                 "--groups", "8"]) == 0
+    text = capsys.readouterr().out
+    for label in ("TAG", "DP-NCCL", "DP-NCCL-P", "Horovod", "MCMC", "ideal"):
+        assert label in text
+    assert "simulations" in text and "groups:" in text
+
+
+@pytest.mark.parametrize("args,where", [
+    (["--budget-iterations", "0"], "--budget-iterations"),
+    (["--budget-seconds", "-1"], "--budget-seconds"),
+    (["--budget-iterations", "3", "--budget-seconds", "1"], "not allowed with"),
+    (["--groups", "0"], "--groups"),
+    (["--seed", "-2"], "--seed"),
+])
+def test_tag_plan_bad_arguments_exit_2(planned, args, where, capsys):
+    _, db, topo, _, _ = planned
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--db", str(db), "plan", MODEL, "--topology", str(topo), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tag: error:") and where in err and "\n" not in err
+
+
+def test_tag_plan_input_errors_exit_2(planned, capsys, tmp_path):
+    _, db, topo, _, _ = planned
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{nope")
+    not_a_plan = tmp_path / "other.json"
+    not_a_plan.write_text(json.dumps({"groups": [], "batch_shares": [1]}))
+    cases = [
+        (["--topology", str(tmp_path / "missing.json")], "missing.json"),
+        (["--topology", str(topo), "--out", str(tmp_path / "no" / "dir" / "p.json")], "--out"),
+        (["--topology", str(topo), "--warm-start", str(tmp_path / "gone.json")], "--warm-start"),
+        (["--topology", str(topo), "--warm-start", str(bad_json)], "not valid JSON"),
+        (["--topology", str(topo), "--warm-start", str(not_a_plan), "--budget-iterations", "1"], "--warm-start"),
+        (["--topology", str(_topology_file(tmp_path, "small", mem_gb=1e-8))], "fits no device set"),
+    ]
+    for args, expected in cases:
+        assert main(["--db", str(db), "plan", MODEL, *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tag: error:") and expected in err[0], (args, err)
