@@ -1,0 +1,482 @@
+"""Build the distributed GraphDef of a training step from its traces and op placements.
+
+Every op of the step is copied once per copy of its placement (`tag/p<placement>/r<k>/...`),
+each copy taken from the step traced at the copy's own batch size, so the constants TF
+baked into the graph (reshape shapes, loss divisors) are right for that sub-batch.
+
+How a tensor crosses between copies depends on what it is, which is worked out once on
+the single-device step:
+
+    batch      carries the batch dimension: sliced to the consumer's rows, concatenated
+               where the consumer needs more rows than one copy holds
+    partial    depends on the gradient seed (gradients, backward sums over the batch):
+               each replica's value is its contribution, so copies are summed (AllReduce
+               with TF collectives inside a placement, AddN across placements)
+    stat       depends on the data but not the seed, no batch dimension (the loss, batch
+               statistics): combined as the batch-share-weighted mean
+    invariant  the same on every copy (variable reads, constants): any copy will do
+
+Replica k of a split placement computes rows [lo_k, hi_k) and the gradient of
+w_k * (its mean loss), w_k = its rows / the batch (its gradient seed is w_k instead of
+1), so its backward tensors are exactly the rows and shares of the full-batch step's: sums
+of replicas need no weights, and the sum of losses weighted by w_k is the full-batch mean.
+
+Ops of the optimizer update and every op that writes a variable see "global" values:
+inside a split placement each replica runs them on the summed gradient, so replicas stay
+identical. Batch statistics (batch norm) are per replica; the moving averages they write
+are the weighted mean over replicas.
+
+Variables: an op that takes a variable handle runs where a copy of the variable lives. A
+variable written by one replicated placement has a copy on each of its devices; one
+written anywhere else lives on one device (the first writer's), where all its writers
+go and where the reads of other devices are served from (the PS case).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .emit_nodes import NodeSink, parse_input, tensor_name
+from .emit_place import SPLIT, OpPlacements
+from .errors import TagInputError
+from .graph import PASS_THROUGH, OpGraph
+from .trace import INIT_SCOPE, TracedStep
+
+READ_TYPES = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape"}
+BATCH, PARTIAL, STAT, INVARIANT = "batch", "partial", "stat", "invariant"
+
+
+@dataclass(frozen=True)
+class Context:
+    """One copy: replica `replica` of placement `pid`, in the local (sub-batch) or global view."""
+
+    pid: int
+    replica: int
+    local: bool
+
+
+@dataclass(frozen=True)
+class TensorFacts:
+    dtype: str
+    shape: tuple[int, ...]  # at the global batch
+    kind: str  # BATCH, PARTIAL, STAT or INVARIANT
+    axis: int = -1  # batch axis (BATCH)
+    per_sample: int = 0  # entries on the batch axis per sample (BATCH)
+
+
+@dataclass
+class Collective:
+    node: str
+    device: str
+    tensor: str  # the original tensor it reduces
+    group_key: int
+    instance_key: int
+    group: list[str]  # devices taking part
+
+
+@dataclass
+class EmittedGraph:
+    graph_def: object
+    input_tensors: list[str]  # fed with the whole batch, as in the single-device step
+    loss_tensor: str
+    train_op: str
+    init_op: str
+    init_values: list[str]  # placeholder of each variable's initial value, in TracedStep.variables order
+    variable_copies: dict[str, list[tuple[str, str]]]  # variable name -> [(VarHandleOp node, device)]
+    collectives: list[Collective]
+    seed: str | None
+    stat_ops: list[str] = field(default_factory=list)  # ops whose batch statistics are per replica
+
+
+class GraphBuilder:
+    def __init__(self, traces: dict[int, TracedStep], batch: int, graph: OpGraph, placed: OpPlacements,
+                 devices: list[str], machines: list[int]):
+        self.batch = batch
+        self.step = traces[self.batch]
+        probe = next(b for b in sorted(traces) if b != self.batch)
+        self.probe = traces[probe]
+        self.traces = {b: {n.name: n for n in t.graph_def.node if not n.name.startswith(INIT_SCOPE + "/")}
+                       for b, t in traces.items()}
+        self.base = self.traces[self.batch]
+        self.placed, self.devices, self.machines = placed, devices, machines
+        self.apply_ops = {op.name for op in graph.ops if op.is_apply}
+        self.inputs = {name: [parse_input(t) for t in node.input] for name, node in self.base.items()}
+        self.input_nodes = {parse_input(t)[0] for t in self.step.input_tensors}
+        self.handles = {name for name, node in self.base.items() if node.op == "VarHandleOp"}
+        self.kept = set(placed.op_pid)
+        self.free = set(self.base) - self.kept - self.handles
+        self.order = _topological(self.base, self.inputs)
+        self.resources = {n: [s for s, i in self.inputs[n] if i >= 0 and s in self.handles] for n in self.kept}
+        self.resources = {n: hs for n, hs in self.resources.items() if hs}
+        self.writers = {n for n, hs in self.resources.items() if self.base[n].op not in READ_TYPES}
+        self.seed = self._find_seed()
+        self.variant, self.seeded = self._flags()
+        self.homes = self._variable_homes()
+        self.sink = NodeSink()
+        self.made: dict[tuple[str, Context], str] = {}
+        self.converted: dict[tuple, str] = {}
+        self.reduced: dict[tuple, list[str]] = {}
+        self.handle_copies: dict[str, dict[int, str]] = defaultdict(dict)
+        self.collectives: list[Collective] = []
+        self.group_keys: dict[tuple[int, ...], int] = {}
+
+    def build(self) -> EmittedGraph:
+        for name in self.order:
+            if name in self.kept:
+                for ctx in self.contexts(name):
+                    self.copy(name, ctx)
+        loss_src, loss_index = self._loss_source()
+        at = self.device_of(loss_src, self.contexts(loss_src)[0])
+        out = Context(self.placed.single(at, self.batch), 0, False)
+        loss = self.convert(loss_src, loss_index, out, at)
+        dtype = self.facts(loss_src, loss_index).dtype
+        self.sink.add("tag/loss", "Identity", [loss], self.devices[at], {"T": ("type", dtype)})
+        self._order_collectives()
+        runs = [self.copy(n, c) for n in self.step.train_ops if n in self.kept for c in self.contexts(n)]
+        runs += [c.node for c in self.collectives]
+        self.sink.add("tag/train", "NoOp", ["^" + n for n in dict.fromkeys(runs)], self.devices[at])
+        init_values, variable_copies = self._init_block()
+        import tensorflow as tf
+
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.versions.CopyFrom(self.step.graph_def.versions)
+        graph_def.library.CopyFrom(self.step.graph_def.library)
+        graph_def.node.extend(self.sink.nodes)
+        return EmittedGraph(
+            graph_def=graph_def,
+            input_tensors=list(self.step.input_tensors),
+            loss_tensor="tag/loss:0",
+            train_op="tag/train",
+            init_op=f"{INIT_SCOPE}/all",
+            init_values=init_values,
+            variable_copies=variable_copies,
+            collectives=self.collectives,
+            seed=self.seed,
+        )
+
+    def _order_collectives(self) -> None:
+        """Launch each device's collectives in one fixed order (creation order is topological):
+        NCCL deadlocks when devices start concurrent collectives in different orders."""
+        last: dict[str, str] = {}
+        for c in self.collectives:
+            if c.device in last:
+                self.sink.by_name[c.node].input.append("^" + last[c.device])
+            last[c.device] = c.node
+
+    def _init_block(self) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
+        """`tag_init/value_i` feeds every copy of variable i, so replicas start identical."""
+        from tensorflow.core.framework import node_def_pb2
+
+        originals = {n.name: n for n in self.step.graph_def.node if n.name.startswith(INIT_SCOPE + "/")}
+        values, copies, assigns = [], {}, []
+        for i, variable in enumerate(self.step.variables):
+            handles = sorted(self.handle_copies.get(variable.handle_node, {}).items())
+            placeholder = node_def_pb2.NodeDef()
+            placeholder.CopyFrom(originals[f"{INIT_SCOPE}/value_{i}"])
+            placeholder.device = self.devices[handles[0][0] if handles else 0]
+            self.sink.append(placeholder)
+            values.append(placeholder.name + ":0")
+            copies[variable.name] = [(h, self.devices[d]) for d, h in handles]
+            for d, h in handles:
+                name = f"{INIT_SCOPE}/assign_{i}/d{d}"
+                self.sink.add(name, "AssignVariableOp", [h, placeholder.name], self.devices[d],
+                              {"dtype": ("type", variable.dtype)})
+                assigns.append(name)
+        self.sink.add(f"{INIT_SCOPE}/all", "NoOp", ["^" + a for a in assigns], self.devices[0])
+        return values, copies
+
+    # ---- analysis of the single-device step ---------------------------------------
+
+    def _find_seed(self) -> str | None:
+        """The constant 1 the gradient starts from: a float Const that every gradient depends on
+        and the loss does not (TF names it `ones`)."""
+        import tensorflow as tf
+
+        loss_ancestors = _reach([self._loss_source()[0]], lambda n: [s for s, i in self.inputs[n] if i >= 0])
+        gradients = {parse_input(v.gradient)[0] for v in self.step.variables if v.gradient}
+        if not gradients:
+            return None
+        consumers: dict[str, list[str]] = defaultdict(list)
+        for name, parsed in self.inputs.items():
+            for src, index in parsed:
+                if index >= 0:
+                    consumers[src].append(name)
+        for name in self.order:
+            node = self.base[name]
+            if node.op != "Const" or node.input or name in loss_ancestors:
+                continue
+            value = tf.make_ndarray(node.attr["value"].tensor)
+            if value.dtype.kind != "f" or value.size == 0 or not np.all(value == 1):
+                continue
+            if gradients <= _reach([name], lambda n: consumers[n]):
+                return name
+        return None
+
+    def _loss_source(self) -> tuple[str, int]:
+        """The kept op behind the loss tensor (the step's output is an Identity of it)."""
+        name, index = parse_input(self.step.loss_tensor)
+        while name in self.base and self.base[name].op in PASS_THROUGH and name not in self.placed.op_pid:
+            name, index = next((s, i) for s, i in self.inputs[name] if i >= 0)
+        return name, index
+
+    def _flags(self) -> tuple[set[str], set[str]]:
+        variant, seeded = set(self.input_nodes), {self.seed} if self.seed else set()
+        for name in self.order:
+            sources = [s for s, i in self.inputs[name] if i >= 0]
+            if any(s in variant for s in sources):
+                variant.add(name)
+            if any(s in seeded for s in sources):
+                seeded.add(name)
+        return variant, seeded
+
+    def facts(self, name: str, index: int) -> TensorFacts:
+        shape, dtype = self.step.output_shapes[name][index]
+        other, _ = self.probe.output_shapes[name][index]
+        grown = [a for a, (x, y) in enumerate(zip(shape, other)) if x != y]
+        if grown:
+            axis = grown[0]
+            per = (other[axis] - shape[axis]) // (self.probe.batch_size - self.batch)
+            if per <= 0 or shape[axis] != per * self.batch:
+                axis, per = -1, 0  # not a batch-major layout: cannot be split by rows
+            return TensorFacts(dtype, tuple(shape), BATCH, axis, per)
+        if name in self.seeded:
+            return TensorFacts(dtype, tuple(shape), PARTIAL)
+        if name in self.variant:
+            return TensorFacts(dtype, tuple(shape), STAT)
+        return TensorFacts(dtype, tuple(shape), INVARIANT)
+
+    def _variable_homes(self) -> dict[str, set[int] | None]:
+        """Devices holding a copy of each variable (None: unwritten, a copy wherever it is read)."""
+        by_handle: dict[str, list[str]] = defaultdict(list)
+        for name in self.order:
+            for handle in self.resources.get(name, []):
+                if name in self.writers:
+                    by_handle[handle].append(name)
+        homes: dict[str, set[int] | None] = {h: None for h in self.handles}
+        for handle, writers in by_handle.items():
+            pids = {self.placed.op_pid[w] for w in writers}
+            if len(pids) > 1:  # written from several placements: one copy, all writers beside it
+                device = self.placed.placements[self.placed.op_pid[writers[0]]].devices[0]
+                single = self.placed.single(device, self.batch)
+                for w in writers:
+                    self.placed.op_pid[w] = single
+                pids = {single}
+            homes[handle] = set(self.placed.placements[pids.pop()].devices)
+        return homes
+
+    # ---- copies -------------------------------------------------------------------
+
+    def local(self, name: str) -> bool:
+        placement = self.placed.placements[self.placed.op_pid[name]]
+        return placement.kind == SPLIT and name not in self.apply_ops and name not in self.writers
+
+    def contexts(self, name: str) -> list[Context]:
+        pid = self.placed.op_pid[name]
+        local = self.local(name)
+        return [Context(pid, r, local) for r in range(self.placed.placements[pid].replicas)]
+
+    def batch_of(self, ctx: Context) -> int:
+        return self.placed.placements[ctx.pid].batches[ctx.replica] if ctx.local else self.batch
+
+    def device_of(self, name: str, ctx: Context) -> int:
+        device = self.placed.placements[ctx.pid].devices[ctx.replica]
+        homes = [self.homes[h] for h in self.resources.get(name, []) if self.homes[h] is not None]
+        if homes:
+            common = set.intersection(*homes)
+            if not common:
+                raise TagInputError("plan", f"op {name} uses variables that live on different devices")
+            if device not in common:
+                device = self._nearest_device(sorted(common), device)
+        return device
+
+    def _nearest_device(self, candidates: list[int], device: int) -> int:
+        if device in candidates:
+            return device
+        same_machine = [d for d in candidates if self.machines[d] == self.machines[device]]
+        return (same_machine or candidates)[0]
+
+    def copy(self, name: str, ctx: Context) -> str:
+        """The copy of node `name` in `ctx`, created (with what it needs) on first use."""
+        key = (name, ctx)
+        if key in self.made:
+            return self.made[key]
+        batch = self.batch_of(ctx)
+        node = self.traces[batch].get(name)
+        if node is None:
+            raise TagInputError("model", f"op {name} is missing from the step traced at batch {batch}")
+        device = self.device_of(name, ctx) if name in self.kept else self.placed.placements[ctx.pid].devices[ctx.replica]
+        prefix = f"tag/p{ctx.pid}/{'r' if ctx.local else 'g'}{ctx.replica}"
+        new_name = name if name in self.input_nodes else f"{prefix}/{name}"
+        self.made[key] = new_name
+        inputs: list[str] = []
+        for text in node.input:
+            inputs.extend(self._resolve(text, ctx, device))
+        from tensorflow.core.framework import node_def_pb2
+
+        new = node_def_pb2.NodeDef()
+        new.CopyFrom(node)
+        new.name, new.device = new_name, self.devices[device]
+        del new.input[:]
+        new.input.extend(inputs)
+        if name == self.seed and ctx.local:
+            self._set_seed(new, self.placed.placements[ctx.pid].weight(ctx.replica))
+        self.sink.append(new)
+        return new_name
+
+    @staticmethod
+    def _set_seed(node, weight: float) -> None:
+        import tensorflow as tf
+
+        value = tf.make_ndarray(node.attr["value"].tensor)
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto((value * weight).astype(value.dtype)))
+
+    def handle(self, name: str, device: int) -> str:
+        copies = self.handle_copies[name]
+        if device not in copies:
+            from tensorflow.core.framework import node_def_pb2
+
+            new = node_def_pb2.NodeDef()
+            new.CopyFrom(self.base[name])
+            new.name, new.device = f"tag/var/d{device}/{name}", self.devices[device]
+            copies[device] = self.sink.append(new).name
+        return copies[device]
+
+    def _resolve(self, text: str, ctx: Context, device: int) -> list[str]:
+        src, index = parse_input(text)
+        if src in self.handles:
+            return [("^" if index < 0 else "") + self.handle(src, device)]
+        if src in self.free:
+            made = self.copy(src, ctx)
+            return ["^" + made] if index < 0 else [tensor_name(made, index)]
+        if index >= 0:
+            return [self.convert(src, index, ctx, device)]
+        if self.placed.op_pid[src] == ctx.pid:  # same placement: the same replica's copy
+            return ["^" + self.copy(src, Context(ctx.pid, ctx.replica, self.local(src)))]
+        return ["^" + self.copy(src, c) for c in self.contexts(src)]
+
+    # ---- moving tensors between copies ---------------------------------------------
+
+    def convert(self, src: str, index: int, ctx: Context, device: int) -> str:
+        """Tensor `src:index` as copy `ctx` (on `device`) must see it."""
+        pid = self.placed.op_pid[src]
+        src_local = self.local(src)
+        if pid == ctx.pid and src_local == ctx.local:
+            return tensor_name(self.copy(src, Context(pid, ctx.replica, src_local)), index)
+        key = (src, index, ctx, device)
+        if key not in self.converted:
+            self.converted[key] = self._convert(src, index, ctx, device, pid, src_local)
+        return self.converted[key]
+
+    def _convert(self, src: str, index: int, ctx: Context, device: int, pid: int, src_local: bool) -> str:
+        facts = self.facts(src, index)
+        producer = self.placed.placements[pid]
+        consumer = self.placed.placements[ctx.pid]
+        own = [(tensor_name(self.copy(src, c), index), self.device_of(src, c), c.replica) for c in self.contexts(src)]
+        dev = self.devices[device]
+        if not src_local:  # every copy holds the full-batch value
+            name, at, _ = self._nearest(own, device)
+            if ctx.local and facts.kind == BATCH:
+                lo, hi = consumer.rows(ctx.replica)
+                return self._rows(name, facts, lo, hi, self.batch, at, src)
+            if ctx.local and facts.kind == PARTIAL:
+                return self.sink.scale(name, consumer.weight(ctx.replica), facts.dtype, dev)
+            return name
+        if facts.kind == BATCH:
+            lo, hi = consumer.rows(ctx.replica) if ctx.local else (0, self.batch)
+            pieces = []
+            for name, at, k in own:
+                a, b = producer.rows(k)
+                if max(lo, a) < min(hi, b):
+                    pieces.append(self._rows(name, facts, max(lo, a) - a, min(hi, b) - a, b - a, at, src))
+            return self.sink.concat(pieces, facts.axis, facts.dtype, dev)
+        if facts.kind == INVARIANT:
+            return self._nearest(own, device)[0]
+        self._need_float(facts, src, index)
+        weighted = facts.kind == STAT
+        if pid == ctx.pid:  # local -> global inside one placement: a collective over its replicas
+            return self._all_reduce(src, index, facts, own, producer, weighted)[ctx.replica]
+        parts = [self.sink.scale(name, producer.weight(k) if weighted else 1.0, facts.dtype, self.devices[at])
+                 for name, at, k in own]
+        total = self.sink.add_n(parts, facts.dtype, dev)
+        if ctx.local and not weighted:
+            return self.sink.scale(total, consumer.weight(ctx.replica), facts.dtype, dev)
+        return total
+
+    def _nearest(self, own: list[tuple[str, int, int]], device: int) -> tuple[str, int, int]:
+        at = self._nearest_device([d for _, d, _ in own], device)
+        return next(item for item in own if item[1] == at)
+
+    def _rows(self, name: str, facts: TensorFacts, lo: int, hi: int, rows: int, device: int, src: str) -> str:
+        if lo == 0 and hi == rows:
+            return name
+        if facts.axis < 0:
+            raise TagInputError("plan", f"tensor {name} of op {src} must be split by rows but its batch "
+                                        f"dimension is not batch-major; keep its producer and consumers in one group")
+        key = ("rows", name, lo, hi)
+        if key not in self.converted:
+            self.converted[key] = self.sink.slice_rows(name, len(facts.shape), facts.axis, lo * facts.per_sample,
+                                                       (hi - lo) * facts.per_sample, facts.dtype, self.devices[device])
+        return self.converted[key]
+
+    def _need_float(self, facts: TensorFacts, src: str, index: int) -> None:
+        if facts.dtype not in ("float16", "bfloat16", "float32", "float64"):
+            raise TagInputError("plan", f"tensor {tensor_name(src, index)} ({facts.dtype}) depends on how the batch "
+                                        f"is split and cannot be combined across copies; keep its producer and "
+                                        f"consumers in one group")
+
+    def _all_reduce(self, src, index, facts, own, producer, weighted: bool) -> list[str]:
+        key = (src, index, weighted)
+        if key not in self.reduced:
+            group = tuple(producer.devices)
+            group_key = self.group_keys.setdefault(group, len(self.group_keys) + 1)
+            instance = len(self.reduced) + 1
+            outs = []
+            for name, at, k in own:
+                dev = self.devices[at]
+                value = self.sink.scale(name, producer.weight(k), facts.dtype, dev) if weighted else name
+                node = self.sink.all_reduce(value, facts.dtype, dev, len(group), group_key, instance)
+                self.collectives.append(Collective(node, dev, tensor_name(src, index), group_key, instance,
+                                                   [self.devices[d] for d in group]))
+                outs.append(node)
+            self.reduced[key] = outs
+        return self.reduced[key]
+
+
+def _topological(nodes: dict, inputs: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """Kahn's order over data and control inputs, ties in GraphDef order."""
+    position = {name: i for i, name in enumerate(nodes)}
+    indegree = {name: 0 for name in nodes}
+    consumers: dict[str, list[str]] = defaultdict(list)
+    for name, parsed in inputs.items():
+        for src, _ in parsed:
+            if src in nodes:
+                indegree[name] += 1
+                consumers[src].append(name)
+    import heapq
+
+    ready = [(position[n], n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(name)
+        for c in consumers[name]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                heapq.heappush(ready, (position[c], c))
+    if len(order) != len(nodes):
+        raise ValueError("the traced step has a cycle")
+    return order
+
+
+def _reach(start: list[str], neighbours) -> set[str]:
+    seen, stack = set(start), list(start)
+    while stack:
+        for n in neighbours(stack.pop()):
+            if n not in seen:
+                seen.add(n)
+                stack.append(n)
+    return seen

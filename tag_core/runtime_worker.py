@@ -1,0 +1,259 @@
+"""The process that runs an emitted step: TF servers, the session, and the single-device check.
+
+`tag run` starts it as a child (tag_core.runtime) so that a hung collective or a server
+that will not stop is ended with the process. It reports one JSON object per line on
+stdout: {"event": "start" | "step" | "serving" | "error" | "done", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+LEADER = "/job:worker/replica:0/task:0"
+TOLERANCE = 1e-4
+
+
+def report(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}, default=float), flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(cpus: int | None = None, soft: bool = False):
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=soft)
+    if cpus is not None:
+        config.device_count["CPU"] = cpus
+    config.experimental.collective_group_leader = LEADER
+    return config
+
+
+def _spec_like(meta: dict):
+    """A ModelSpec carrying only the input signature: enough for `synthetic_batch`."""
+    from .models import InputSpec, ModelSpec
+
+    specs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"], i["max_value"]) for i in meta["inputs"]]
+    return ModelSpec(name="emitted", build=lambda: None, inputs=specs[:-1], label=specs[-1])
+
+
+def initial_values(folder: Path, meta: dict) -> list[np.ndarray]:
+    """Each variable's initial value: stored exactly, or drawn from its recorded mean and spread."""
+    stored = np.load(folder / "initial_values.npz") if (folder / "initial_values.npz").exists() else None
+    values = []
+    for v in meta["variables"]:
+        init, shape, dtype = v["init"], tuple(v["shape"]), v["dtype"]
+        if "npz" in init:
+            values.append(stored[init["npz"]])
+        elif "fill" in init:
+            values.append(np.full(shape, init["fill"], dtype=dtype))
+        else:
+            mean, std = init["normal"]
+            values.append(np.random.default_rng(init["seed"]).normal(mean, std, shape).astype(dtype))
+    return values
+
+
+def _load_graph_def(folder: Path, meta: dict, timeout: float, on_cpu: bool):
+    import tensorflow as tf
+
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString((folder / "graph.pb").read_bytes())
+    for node in graph_def.node:
+        if node.op.startswith("Collective"):
+            node.attr["timeout_seconds"].f = float(timeout)  # a missing peer fails the step, naming the op
+        if on_cpu:
+            node.device = node.device.replace("/device:GPU:", "/device:CPU:")
+    return graph_def
+
+
+class Distributed:
+    """The emitted step in a session on the cluster's servers."""
+
+    def __init__(self, graph_def, meta: dict, target: str, soft: bool):
+        import tensorflow as tf
+
+        self.meta = meta
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+            self.reads = []  # (variable index, device, tensor) for every copy of every variable
+            for i, v in enumerate(meta["variables"]):
+                for handle, device in v["copies"]:
+                    with tf.device(device):
+                        tensor = tf.raw_ops.ReadVariableOp(resource=self.graph.get_tensor_by_name(handle + ":0"),
+                                                           dtype=tf.as_dtype(v["dtype"]))
+                    self.reads.append((i, device, tensor))
+        self.session = tf.compat.v1.Session(target, graph=self.graph, config=_config(soft=soft))
+
+    def initialise(self, values: list[np.ndarray], options) -> None:
+        feed = dict(zip(self.meta["init_values"], values))
+        self.session.run(self.meta["init_op"], feed_dict=feed, options=options)
+
+    def step(self, batch: list[np.ndarray], options) -> float:
+        feed = dict(zip(self.meta["input_tensors"], batch))
+        loss, _ = self.session.run([self.meta["loss_tensor"], self.meta["train_op"]], feed_dict=feed, options=options)
+        return float(loss)
+
+    def variables(self, options) -> list[tuple[int, str, np.ndarray]]:
+        values = self.session.run([t for _, _, t in self.reads], options=options)
+        return [(i, d, v) for (i, d, _), v in zip(self.reads, values)]
+
+
+class Reference:
+    """The single-device step, on this process's CPU."""
+
+    def __init__(self, folder: Path, meta: dict):
+        import tensorflow as tf
+
+        from .captures import load_step
+
+        self.step_def = load_step(folder / meta["reference"])
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.compat.v1.import_graph_def(self.step_def.graph_def, name="")
+            self.reads = [tf.raw_ops.ReadVariableOp(resource=self.graph.get_tensor_by_name(v.handle_node + ":0"),
+                                                    dtype=tf.as_dtype(v.dtype)) for v in self.step_def.variables]
+        self.session = tf.compat.v1.Session(graph=self.graph, config=_config(cpus=1))
+
+    def initialise(self, values: list[np.ndarray]) -> None:
+        self.session.run(self.step_def.init_op,
+                         feed_dict={f"tag_init/value_{i}:0": v for i, v in enumerate(values)})
+
+    def step(self, batch: list[np.ndarray]) -> float:
+        feed = dict(zip(self.step_def.input_tensors, batch))
+        loss, _ = self.session.run([self.step_def.loss_tensor, self.step_def.train_ops], feed_dict=feed)
+        return float(loss)
+
+    def variables(self) -> list[np.ndarray]:
+        return self.session.run(self.reads)
+
+
+def relative_difference(value: np.ndarray, reference: np.ndarray) -> float:
+    """max |value - reference| / max |reference| (0 when both are all zero)."""
+    value, reference = np.asarray(value, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+    diff = float(np.max(np.abs(value - reference))) if reference.size else 0.0
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / scale
+
+
+def waiting_collectives(message: str, meta: dict) -> list[dict]:
+    """Collective ops named in a TF error message, with the devices of their group."""
+    named = set(re.findall(r"\{\{node ([^}]+)\}\}", message)) | set(re.findall(r"node '([^']+)'", message))
+    found = [c for c in meta["collectives"] if c["node"] in named]
+    return found
+
+
+def run(args) -> int:
+    import tensorflow as tf
+
+    from .trace import synthetic_batch
+
+    folder = Path(args.folder)
+    plan = json.loads((folder / "plan.json").read_text())
+    meta = plan["emission"]
+    deadline = time.monotonic() + args.timeout
+    servers = []
+    if args.cluster:
+        cluster = json.loads(Path(args.cluster).read_text())["cluster"]
+        cpus = meta["tasks"][args.task_index] if meta["device_kind"] == "cpu" else None
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=args.task_index,
+                                      config=_config(cpus=cpus, soft=True), start=True)
+        if args.task_index != 0:
+            report("serving", task=args.task_index, target=server.target)
+            server.join()
+            return 0
+        servers.append(server)
+        on_cpu = False
+    else:
+        addresses = [f"127.0.0.1:{_free_port()}" for _ in meta["tasks"]]
+        spec = tf.train.ClusterSpec({"worker": addresses})
+        for k, count in enumerate(meta["tasks"]):
+            servers.append(tf.distribute.Server(spec, job_name="worker", task_index=k, config=_config(cpus=count),
+                                                start=True))
+        on_cpu = meta["device_kind"] == "gpu"
+    graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu)
+    report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
+           gpu_as_cpu=on_cpu, check=args.check)
+    distributed = Distributed(graph_def, meta, servers[0].target, soft=bool(args.cluster))
+    values = initial_values(folder, meta)
+    reference = Reference(folder, meta) if args.check else None
+    spec = _spec_like(meta)
+
+    def options():
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            raise tf.errors.DeadlineExceededError(None, None, "the run's time is up")
+        return tf.compat.v1.RunOptions(timeout_in_ms=remaining_ms)
+
+    stage = "initialising variables"
+    failed = 0
+    try:
+        distributed.initialise(values, options())
+        if reference:
+            reference.initialise(values)
+        for step in range(args.steps):
+            stage = f"step {step}"
+            batch = synthetic_batch(spec, plan["batch_size"], seed=step)
+            start = time.perf_counter()
+            loss = distributed.step(batch, options())
+            seconds = time.perf_counter() - start
+            fields: dict[str, Any] = {"step": step, "loss": loss, "seconds": seconds}
+            if reference:
+                fields.update(_compare(distributed, reference, batch, loss, options(), meta))
+                failed += not fields["passed"]
+            report("step", **fields)
+    except tf.errors.OpError as exc:
+        message = str(exc)
+        report("error", stage=stage, kind=type(exc).__name__, message=message.splitlines()[0][:500],
+               waiting=waiting_collectives(message, meta))
+        return 1
+    report("done", steps=args.steps, failed_steps=failed)
+    return 1 if failed else 0
+
+
+def _compare(distributed: Distributed, reference: Reference, batch, loss: float, options, meta: dict) -> dict:
+    ref_loss = reference.step(batch)
+    expected = reference.variables()
+    worst = ("loss", relative_difference(np.array(loss), np.array(ref_loss)), "")
+    copies = 0
+    for i, device, value in distributed.variables(options):
+        copies += 1
+        diff = relative_difference(value, expected[i])
+        if diff > worst[1]:
+            worst = (meta["variables"][i]["name"], diff, device)
+    return {"reference_loss": ref_loss, "compared": {"variables": len(expected), "copies": copies},
+            "max_relative_difference": worst[1], "worst": f"{worst[0]} {worst[2]}".strip(),
+            "passed": worst[1] <= TOLERANCE}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tag_core.runtime_worker")
+    parser.add_argument("folder")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--cluster")
+    parser.add_argument("--task-index", type=int, default=0)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
