@@ -1,0 +1,71 @@
+"""`tag fuse MODEL`: plan kernel fusion of memory-intensive ops and, optionally, measure it."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ._common import open_store, positive_int, print_json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("fuse", help="plan FusionStitching-style fusion of memory-intensive ops")
+    parser.add_argument("model", help="zoo name or path/to/file.py:function")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch size (default: the model's)")
+    parser.add_argument("--gpu", default="V100-32GB", help="catalog GPU the plan is scored for (default V100-32GB)")
+    parser.add_argument("--tune", action="store_true", help="time every pattern for real and keep the winners")
+    parser.add_argument("--measure", action="store_true",
+                        help="tune, then time the step under no XLA, auto-clustering, jit_compile and TAG's plan")
+    parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode (default 10)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .. import store
+    from ..captures import ensure_captured, load_step
+    from ..fusion import plan_fusion
+    from ..gpu_catalog import lookup_gpu
+    from ..models import resolve_model
+
+    spec = resolve_model(args.model, args.batch_size)
+    gpu = lookup_gpu(args.gpu, "--gpu")
+    conn = open_store(args)
+    try:
+        graph = ensure_captured(conn, spec)
+        step_file = store.captured_model(conn, spec.name)["step_file"]
+    finally:
+        conn.close()
+    graph_def = load_step(step_file).graph_def
+    plan = plan_fusion(graph, graph_def, gpu)
+    if args.tune or args.measure:
+        from ..fusion_tune import tune_plan
+
+        plan = tune_plan(plan, graph_def, progress=not args.json)
+    if args.measure:
+        from ..fusion_measure import measure_modes
+
+        with tempfile.TemporaryDirectory() as folder:
+            plan_file = Path(folder) / "fusion.json"
+            plan_file.write_text(json.dumps(plan.to_json()))
+            modes = measure_modes(spec.name, spec.batch_size, step_file, str(plan_file), steps=args.steps)
+        plan.measured["step_ms"] = {mode: result["step_ms"] for mode, result in modes.items()}
+        plan.measured["kernels_per_step"] = {mode: result["kernels"] for mode, result in modes.items()}
+    data = plan.to_json()
+    if args.json:
+        print_json(data)
+        return 0
+    print(f"{spec.name}: {len(plan.patterns)} patterns fuse {plan.ops_fused} ops; "
+          f"kernels {plan.kernels_before} -> {plan.kernels_after} (planned); "
+          f"estimated saving on {plan.reference_gpu}: {plan.saved_s * 1e3:.2f} ms/step")
+    for k, pattern in enumerate(plan.patterns[:10]):
+        print(f"  fusion_{k}: {len(pattern)} ops, {pattern[0]} .. {pattern[-1]}")
+    if len(plan.patterns) > 10:
+        print(f"  ... {len(plan.patterns) - 10} more (use --json)")
+    if "step_ms" in plan.measured:
+        print("median step time and kernels per step, measured here:")
+        for mode, ms in plan.measured["step_ms"].items():
+            kernels = plan.measured["kernels_per_step"][mode]
+            print(f"  {mode:<12} {ms:9.2f} ms   {kernels if kernels is not None else '-':>6} kernels")
+    return 0

@@ -1,0 +1,132 @@
+"""Measure a training step under four execution modes, each in its own process.
+
+Modes: `tf` (no XLA), `autocluster` (TF's auto-clustering, which reads
+TF_XLA_FLAGS once at start-up: hence one process per mode), `jit` (the whole
+step under `tf.function(jit_compile=True)`), and `tag` (the step graph with
+TAG's fusion patterns marked as XLA clusters). Session modes also report
+kernels per step: the nodes TF's step stats list for one traced run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+MODES = ("tf", "autocluster", "jit", "tag")
+AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
+
+
+def measure_modes(model: str, batch_size: int, step_file: str, plan_file: str | None, steps: int = 10,
+                  warmup: int = 3, modes=MODES, timeout_s: float = 1800) -> dict[str, dict]:
+    """{mode: {"step_ms": median, "kernels": count or None}} for each mode."""
+    results = {}
+    for mode in modes:
+        env = dict(os.environ)
+        env.pop("TF_XLA_FLAGS", None)
+        if mode == "autocluster":
+            env["TF_XLA_FLAGS"] = AUTOCLUSTER_FLAGS
+        command = [sys.executable, "-m", "tag_core.fusion_measure", mode, model, str(batch_size), step_file,
+                   plan_file or "", str(steps), str(warmup)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if done.returncode != 0:
+            raise RuntimeError(f"measuring {model} in mode {mode} failed:\n{done.stderr[-2000:]}")
+        results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def _session_step(mode: str, spec, step_file: str, plan_file: str, steps: int, warmup: int) -> dict:
+    import tensorflow as tf
+
+    from .captures import load_step
+    from .fusion import FusionPlan, mark_for_xla
+    from .profile import initialise_randomly
+    from .trace import synthetic_batch
+
+    step = load_step(step_file)
+    if mode == "tag":
+        with open(plan_file) as handle:
+            data = json.load(handle)
+        plan = FusionPlan(data["model"], data["patterns"], data["kernels_before"], data["kernels_after"],
+                          data.get("estimated_saving_s", 0.0), data.get("reference_gpu", ""))
+        mark_for_xla(step.graph_def, plan)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(step.graph_def, name="")
+    session = tf.compat.v1.Session(graph=graph)
+    initialise_randomly(session, step)
+    feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
+    fetches = [step.loss_tensor, step.train_ops]
+    times = _timed_runs(lambda: session.run(fetches, feed_dict=feed), steps, warmup)
+    metadata = tf.compat.v1.RunMetadata()
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    session.run(fetches, feed_dict=feed, options=options, run_metadata=metadata)
+    return {"step_ms": statistics.median(times) * 1e3, "kernels": count_kernels(metadata)}
+
+
+# Executor bookkeeping, not kernels: XLA's compile/merge/switch around a cluster, feeds, handles.
+BOOKKEEPING = {"_SOURCE", "Const", "NoOp", "VarHandleOp", "_Arg", "_Retval", "Identity", "_XlaCompile",
+               "_XlaMerge", "Switch", "Placeholder"}
+
+
+def count_kernels(metadata) -> int:
+    """Kernels one step ran: step-stats nodes less bookkeeping; an XLA cluster's `_XlaRun` counts once."""
+    count = 0
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            label = node.timeline_label.split("] ")[-1]
+            op_type = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else node.node_name
+            count += op_type not in BOOKKEEPING
+    return count
+
+
+def _jit_step(spec, batch_size: int, steps: int, warmup: int) -> dict:
+    import tensorflow as tf
+
+    from .trace import build_keras, synthetic_batch
+
+    model, optimizer = build_keras(spec)
+    loss_fn = spec.make_loss()
+    *inputs, labels = [tf.constant(a) for a in synthetic_batch(spec, batch_size)]
+
+    @tf.function(jit_compile=True)
+    def step(inputs, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(labels, model(inputs if len(inputs) > 1 else inputs[0], training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients([(g, v) for g, v in zip(grads, model.trainable_variables) if g is not None])
+        return loss
+
+    times = _timed_runs(lambda: step(inputs, labels).numpy(), steps, warmup)
+    return {"step_ms": statistics.median(times) * 1e3, "kernels": None}
+
+
+def _timed_runs(run, steps: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _main(argv: list[str]) -> int:
+    mode, model, batch, step_file, plan_file, steps, warmup = argv
+    from .models import resolve_model
+
+    spec = resolve_model(model, int(batch))
+    if mode == "jit":
+        result = _jit_step(spec, int(batch), int(steps), int(warmup))
+    else:
+        result = _session_step(mode, spec, step_file, plan_file, int(steps), int(warmup))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
