@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dagster import load_asset_checks_from_modules, load_assets_from_modules
 
-from . import capture, profiling
+from . import capture, planning, profiling
 
-STAGE_MODULES = [capture, profiling]
+STAGE_MODULES = [capture, profiling, planning]
 
 ALL_ASSETS = load_assets_from_modules(STAGE_MODULES)
 ALL_ASSET_CHECKS = load_asset_checks_from_modules(STAGE_MODULES)

@@ -1,0 +1,164 @@
+"""Stage 3: op groups per model, topology snapshots, and the deployment plan per model × topology."""
+
+# No `from __future__ import annotations`: Dagster checks the `context` annotation
+# as a real type and rejects the string form.
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster_duckdb import DuckDBResource
+from pydantic import Field
+
+from tag_core import store
+from tag_core.errors import TagInputError
+from tag_core.grouping import DEFAULT_GROUPS, OpGroups
+from tag_core.mcts import Budget
+from tag_core.models import resolve_model
+from tag_core.planner import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
+from tag_core.topology import load_topology, parse_topology
+from tag_pipelines.errors import input_errors_as_failures
+from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
+from tag_pipelines.resources import DUCKDB_POOL, open_store
+
+from .capture import training_graph
+from .profiling import op_profiles
+
+_SNAPSHOT_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def topology_dir() -> Path:
+    return Path(os.environ.get("TAG_TOPOLOGY_DIR", "topologies"))
+
+
+class GroupsConfig(Config):
+    groups: int = Field(default=DEFAULT_GROUPS, description="Number of METIS op groups.")
+    seed: int = Field(default=0, description="METIS seed.")
+
+
+class PlanConfig(Config):
+    budget_iterations: int = Field(default=DEFAULT_ITERATIONS, description="MCTS iterations.")
+    budget_seconds: Optional[float] = Field(default=None, description="MCTS seconds (instead of iterations).")
+    seed: int = Field(default=0, description="Search seed.")
+    batch_size: Optional[int] = Field(default=None, description="Global batch (default: the model's).")
+    warm_start: bool = Field(default=True, description="Start from this model × topology's previous plan.")
+
+
+@asset(
+    partitions_def=model_partitions,
+    deps=[training_graph, op_profiles],
+    group_name="plan",
+    pool=DUCKDB_POOL,
+    kinds={"duckdb"},
+)
+def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: GroupsConfig) -> MaterializeResult:
+    """METIS groups of each model's ops (compute-weighted, cut on thin tensors), largest compute first."""
+    with input_errors_as_failures():
+        spec = resolve_model(context.partition_key)
+        with open_store(duckdb) as conn:
+            graph = store.load_op_graph(conn, spec.name)
+            groups = make_groups(graph, store.load_profiles(conn, spec.name), config.groups, config.seed)
+            store.save_op_groups(conn, spec.name, graph.content_hash(), groups.to_json(), groups.content_hash())
+    top = "\n".join(f"| {g} | {len(groups.members(g))} | {groups.group_time_us[g]:.0f} |"
+                    for g in range(min(10, groups.num_groups)))
+    return MaterializeResult(
+        metadata={
+            "groups": groups.num_groups,
+            "groups_hash": groups.content_hash(),
+            "graph_hash": graph.content_hash(),
+            "largest_groups": MetadataValue.md("| group | ops | compute µs |\n|---|---:|---:|\n" + top),
+        },
+        data_version=DataVersion(groups.content_hash()),
+    )
+
+
+@asset(partitions_def=topology_partitions, group_name="plan", pool=DUCKDB_POOL, kinds={"duckdb"})
+def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
+    """The validated snapshot `$TAG_TOPOLOGY_DIR/<key>.json` (default ./topologies), recorded in DuckDB."""
+    with input_errors_as_failures():
+        key = context.partition_key
+        if not _SNAPSHOT_KEY.match(key):
+            raise TagInputError("topology", f"{key!r} is not a snapshot name (letters, digits, '_', '-', '.')")
+        directory = topology_dir().resolve()
+        path = (directory / f"{key}.json").resolve()
+        if path.parent != directory:  # a symlink out of the directory
+            raise TagInputError("topology", f"{key}.json leaves {directory}")
+        if not path.is_file():
+            raise TagInputError("topology", f"no snapshot {path}")
+        topology = load_topology(path)
+        with open_store(duckdb) as conn:
+            store.save_topology_snapshot(conn, key, topology.content_hash(), topology.to_dict(), str(path))
+    return MaterializeResult(
+        metadata={
+            "machines": topology.num_machines,
+            "devices": topology.num_devices,
+            "gpu_types": MetadataValue.json(topology.gpu_types()),
+            "inter_gbps": float(topology.inter_gbps),
+            "links": len(topology.links),
+            "content_hash": topology.content_hash(),
+            "source_file": MetadataValue.path(str(path)),
+        },
+        data_version=DataVersion(topology.content_hash()),
+    )
+
+
+@asset(
+    partitions_def=model_topology_partitions,
+    deps=[op_groups, cluster_topology, op_profiles],
+    group_name="plan",
+    pool=DUCKDB_POOL,
+    kinds={"duckdb"},
+)
+def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: PlanConfig) -> MaterializeResult:
+    """MCTS plan of each model on each topology, with the baselines it beats and its lineage (`plans` table)."""
+    keys = context.partition_key.keys_by_dimension
+    model_key, topology_key = keys["model"], keys["topology"]
+    with input_errors_as_failures():
+        spec = resolve_model(model_key)
+        with open_store(duckdb) as conn:  # read everything, then let go of the store during the search
+            graph = store.load_op_graph(conn, spec.name)
+            profiles = store.load_profiles(conn, spec.name)
+            profile_hash = store.profile_set_hash(conn, spec.name)
+            stored_groups = store.load_op_groups(conn, spec.name)
+            snapshot = store.latest_topology_snapshot(conn, topology_key)
+            previous = store.latest_plan(conn, spec.name, topology_key) if config.warm_start else None
+        if snapshot is None:
+            raise TagInputError("topology", f"{topology_key!r} has no recorded snapshot; materialize cluster_topology")
+        topology = parse_topology(snapshot["snapshot"], source=topology_key)
+        groups = None
+        if stored_groups is not None and stored_groups["graph_hash"] == graph.content_hash():
+            groups = OpGroups.from_json(stored_groups["groups"])
+        budget = (Budget(seconds=config.budget_seconds) if config.budget_seconds
+                  else Budget(iterations=config.budget_iterations))
+        result = plan(graph, topology, profiles, batch_size=config.batch_size, groups=groups, budget=budget,
+                      seed=config.seed, warm_start=previous[1] if previous else None, profile_hash=profile_hash,
+                      lineage={"warm_start_from": previous[0] if previous else None})
+        data = result.to_dict()
+        plan_id = uuid.uuid4().hex[:16]
+        with open_store(duckdb) as conn:
+            store.save_plan(conn, plan_id, data, source="dagster", topology_key=topology_key)
+    speedup = data["speedup_vs_dp_nccl"]
+    return MaterializeResult(
+        metadata={
+            "plan_id": plan_id,
+            "tag_iteration_ms": data["tag"]["iteration_time_s"] * 1e3,
+            "speedup_vs_dp_nccl": speedup if speedup is not None else MetadataValue.text("DP-NCCL out of memory"),
+            "tag_over_ideal": data["tag"]["iteration_time_s"] / data["ideal_time_s"],
+            "oom": data["oom"],
+            "vs_baselines": MetadataValue.md(markdown_table(data)),
+            "search": MetadataValue.json(data["search"]),
+            "lineage": MetadataValue.json(data["lineage"]),
+        },
+        data_version=DataVersion(_plan_version(data)),
+    )
+
+
+def _plan_version(data: dict) -> str:
+    """Content version of a plan: its strategy and the lineage it came from (not timings)."""
+    text = json.dumps({"strategy": data["strategy"], "lineage": data["lineage"]}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
