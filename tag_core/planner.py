@@ -118,6 +118,8 @@ class Plan:
     settings: dict[str, Any]
     mcmc: SearchResult | None = None
     actions: list[str] = field(default_factory=list)  # per group, "mask/option"
+    evaluator: Evaluator | None = field(default=None, repr=False)  # the search's (for benchmarks)
+    start: np.ndarray | None = field(default=None, repr=False)  # the default plan both searches began from
 
     def to_dict(self) -> dict[str, Any]:
         dp = self.baselines["dp_nccl"]
@@ -200,6 +202,7 @@ def plan(
                  "code_version": code_version(), "seed": seed, "budget": budget.to_dict(),
                  "checkpoint": None, **(lineage or {})},
         settings=settings, mcmc=mcmc, actions=[space.describe(int(a)) for a in tag.actions],
+        evaluator=ev, start=np.full(groups.num_groups, default),
     )
 
 
