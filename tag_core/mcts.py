@@ -52,7 +52,7 @@ from .strategy import Strategy
 
 @dataclass(frozen=True)
 class SearchState:
-    """What a prior hook sees: the node about to choose group `depth`'s action."""
+    """What a prior hook sees: the node at `depth` that chooses the action of group `group`."""
 
     depth: int
     group: int  # the group this node decides (groups are decided in `Mcts.order`)
@@ -144,8 +144,9 @@ class MctsConfig:
 
 
 class Mcts:
-    """The search. `order` is the order groups are decided in (default: group index,
-    i.e. largest compute first); the planner puts heavy-communication groups early too."""
+    """The search. `order` is the order groups are decided in (default: group index, i.e.
+    largest compute first, as the TAG authors do); a different order lets a caller decide
+    other groups first without renumbering them."""
 
     def __init__(self, evaluator: Evaluator, baseline_s: float, dp_time_s: float, seed: int = 0,
                  prior: Prior | None = None, config: MctsConfig | None = None, order: np.ndarray | None = None):
