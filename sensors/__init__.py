@@ -1,11 +1,11 @@
-"""Dagster sensors and schedules.
+"""Dagster sensors and schedules: re-plan when a topology snapshot or a model changes, and nightly."""
 
-They arrive in a later issue (topology and model sensors, automation, the
-nightly re-plan). definitions.py already wires these lists in, so a new
-sensor or schedule only needs to be appended here.
-"""
+from .automation import automation_sensor, with_automation
+from .models import model_sensor
+from .schedules import nightly_replan
+from .topology_snapshots import topology_snapshot_sensor
 
-from __future__ import annotations
+SENSORS = [topology_snapshot_sensor, model_sensor, automation_sensor]
+SCHEDULES = [nightly_replan]
 
-SENSORS: list = []
-SCHEDULES: list = []
+__all__ = ["SENSORS", "SCHEDULES", "with_automation"]

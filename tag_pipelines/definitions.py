@@ -5,12 +5,12 @@ from __future__ import annotations
 from dagster import Definitions
 
 from assets import ALL_ASSET_CHECKS, ALL_ASSETS
-from sensors import SCHEDULES, SENSORS
+from sensors import SCHEDULES, SENSORS, with_automation
 
 from .resources import build_resources
 
 defs = Definitions(
-    assets=ALL_ASSETS,
+    assets=with_automation(ALL_ASSETS),
     asset_checks=ALL_ASSET_CHECKS,
     sensors=SENSORS,
     schedules=SCHEDULES,
