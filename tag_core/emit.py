@@ -289,3 +289,57 @@ From your own code (TF 2.x, v1 API):
 Batch norm: replicas of a split group normalise with their own sub-batch statistics, as standard
 data parallelism does; the moving averages they update are the batch-share-weighted mean over replicas.
 """
+
+
+# ---- one call from arguments (the CLI and the Dagster asset) ---------------------
+
+
+def read_plan(path: str | Path) -> tuple[dict[str, Any], Strategy]:
+    path = Path(path)
+    if not path.is_file():
+        raise TagInputError("--plan", f"{path} does not exist")
+    try:
+        plan = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise TagInputError("--plan", f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(plan, dict):
+        raise TagInputError("--plan", f"{path} must hold a JSON object")
+    try:
+        return plan, Strategy.from_dict(plan)
+    except TagInputError as exc:
+        raise TagInputError(f"--plan {path}: {exc.where}", exc.problem) from None
+
+
+def plan_topology(plan: dict[str, Any], topology: Topology | None) -> Topology:
+    """The topology to emit for: the one given, else one the plan embeds."""
+    from .topology import parse_topology
+
+    if topology is not None:
+        return topology
+    embedded = plan.get("topology")
+    if isinstance(embedded, dict):
+        return parse_topology(embedded, "plan topology")
+    raise TagInputError("--topology", f"the plan names topology {embedded!r} but does not include it; "
+                                      f"pass its snapshot with --topology")
+
+
+def emit_folder(spec: ModelSpec, out: str | Path, topology: Topology | None, strategy: str | None = None,
+                plan: dict[str, Any] | None = None, device_kind: str = "gpu", force: bool = False,
+                profiles=None) -> Emission:
+    """Emit for a plan (dict, as `tag plan` writes it) or a named strategy, and write `out`."""
+    out = Path(out)
+    if out.exists() and not force:  # before any tracing: fail fast
+        raise TagInputError("--out", f"{out} exists; pass --force to replace it")
+    if plan is not None:
+        try:
+            chosen: Strategy | str = Strategy.from_dict(plan)
+        except TagInputError as exc:
+            raise TagInputError(f"--plan: {exc.where}", exc.problem) from None
+        topology = plan_topology(plan, topology)
+    elif strategy is None or topology is None:
+        raise TagInputError("--strategy", "give --plan, or --topology with --strategy")
+    else:
+        chosen = strategy
+    emission = emit(spec, topology, chosen, device_kind, plan=plan, profiles=profiles)
+    write_emission(emission, out, force=force)
+    return emission

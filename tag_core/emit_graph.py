@@ -319,6 +319,8 @@ class GraphBuilder:
         new = node_def_pb2.NodeDef()
         new.CopyFrom(node)
         new.name, new.device = new_name, self.devices[device]
+        if "_class" in new.attr:  # colocation with original names; every copy has its own device instead
+            del new.attr["_class"]
         del new.input[:]
         new.input.extend(inputs)
         if name == self.seed and ctx.local:
@@ -341,6 +343,8 @@ class GraphBuilder:
             new = node_def_pb2.NodeDef()
             new.CopyFrom(self.base[name])
             new.name, new.device = f"tag/var/d{device}/{name}", self.devices[device]
+            if "_class" in new.attr:
+                del new.attr["_class"]
             copies[device] = self.sink.append(new).name
         return copies[device]
 

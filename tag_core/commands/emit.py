@@ -1,0 +1,76 @@
+"""`tag emit MODEL (--plan plan.json | --topology FILE --strategy NAME) --out DIR`: write the distributed graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._common import positive_int, print_json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("emit", help="emit the distributed TF training graph of a plan or strategy")
+    parser.add_argument("model", help="zoo name or path/to/file.py:function")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--plan", help="plan JSON from `tag plan --out`")
+    source.add_argument("--strategy", help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for "
+                                           "every op (allreduce, ps, duplicate, model_parallel), or a strategy JSON file")
+    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy)")
+    parser.add_argument("--out", required=True, help="folder to write (must not exist unless --force)")
+    parser.add_argument("--device-kind", choices=("gpu", "cpu"), default="gpu",
+                        help="GPU devices (a real cluster) or logical CPU devices (to run here); default gpu")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch (default: the plan's, else the model's)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(run=run)
+
+
+def _profiles(args, model: str):
+    """Stored op profiles, when there is a store: model-parallel chunks then match the simulator's."""
+    from .. import store
+
+    path = Path(args.db) if args.db else store.default_database()
+    if not path.exists():
+        return None
+    try:
+        conn = store.connect(path, read_only=True)
+    except Exception:  # another process is writing: chunking falls back to the roofline estimate
+        return None
+    try:
+        profiles = store.load_profiles(conn, model)
+    finally:
+        conn.close()
+    return None if profiles.empty else profiles
+
+
+def run(args) -> int:
+    from ..emit import emit_folder, read_plan
+    from ..errors import TagInputError
+    from ..models import resolve_model
+    from ..topology import load_topology
+
+    if args.strategy and not args.topology:
+        raise TagInputError("--topology", "is required with --strategy")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise TagInputError("--out", f"{out} exists; pass --force to replace it")
+    plan = read_plan(args.plan)[0] if args.plan else None
+    batch = args.batch_size
+    if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):
+        raise TagInputError("--batch-size", f"the plan is for a batch of {plan['batch_size']}, not {batch}")
+    # A plan's graph hash is of the step at the model's own batch: keep it, the plan says its batch.
+    spec = resolve_model(args.model, None if plan is not None else batch)
+    topology = load_topology(args.topology) if args.topology else None
+    emission = emit_folder(spec, out, topology, strategy=args.strategy, plan=plan, device_kind=args.device_kind,
+                           force=args.force, profiles=_profiles(args, spec.name))
+    summary = emission.summary()
+    if args.json:
+        print_json({**summary, "out": str(out), "notes": emission.notes})
+        return 0
+    print(f"wrote {out}: {summary['emitted_ops']:,} ops (single-device step: {summary['single_device_ops']:,}), "
+          f"{summary['collectives']} collective ops, {summary['device_kind']} devices, batch {summary['batch_size']}, "
+          f"in {summary['emit_seconds']:.1f} s")
+    for note in emission.notes:
+        print(f"note: {note}")
+    print(f"run it here: tag run {out} --check" if summary["device_kind"] == "cpu"
+          else f"see {out / 'README.txt'} to run it on the cluster")
+    return 0
