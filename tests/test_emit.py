@@ -1,0 +1,247 @@
+"""The emitter: placements, the distributed GraphDef it builds, its folder, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tag_core.cli import main
+from tag_core.emit import emit, write_emission
+from tag_core.emit_place import SINGLE, SPLIT, Placement, split_batch
+from tag_core.errors import TagInputError
+from tag_core.models import resolve_model
+from tag_core.strategy import Strategy
+from tag_core.topology import load_topology
+
+MLP = "mlp[features=12,hidden=16,layers=1]"
+DEVICE = re.compile(r"^/job:worker/task:(\d+)/device:(CPU|GPU):(\d+)$")
+
+
+@pytest.fixture(scope="module")
+def two_by_two(tmp_path_factory):
+    path = tmp_path_factory.mktemp("topo") / "two2.json"
+    path.write_text(json.dumps({
+        "name": "two2", "inter_gbps": 10,
+        "machines": [{"name": "a", "gpu": "V100-32GB", "count": 2, "intra_gbps": 100},
+                     {"name": "b", "gpu": "GTX1080Ti", "count": 2, "intra_gbps": 64}],
+    }))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mlp_allreduce(two_by_two):
+    spec = resolve_model(MLP, 8)
+    shares = np.array([1.0, 2.0, 3.0, 2.0])
+    strategy = Strategy.uniform(len(_graph(spec).ops), 2, 4, "allreduce", batch_shares=shares, name="uneven")
+    return emit(spec, load_topology(two_by_two), strategy, "cpu")
+
+
+def _graph(spec):
+    from tag_core.graph import capture
+
+    return capture(spec).graph
+
+
+def test_split_batch_is_proportional_and_exact():
+    assert split_batch(8, np.array([1.0, 2.0, 3.0, 2.0])) == [1, 2, 3, 2]
+    assert split_batch(10, np.array([1.0, 1.0, 1.0])) == [4, 3, 3]  # ties go to the earlier device
+    rows = split_batch(33, np.array([0.1, 0.7, 0.2]))
+    assert sum(rows) == 33 and rows == [3, 23, 7]
+    assert split_batch(2, np.array([1.0, 1.0, 1.0, 1.0])) == [1, 1, 0, 0]
+
+
+def test_placement_rows_and_weights():
+    p = Placement(SPLIT, (0, 1, 2), (2, 3, 3))
+    assert [p.rows(k) for k in range(3)] == [(0, 2), (2, 5), (5, 8)]
+    assert [p.weight(k) for k in range(3)] == [0.25, 0.375, 0.375]
+    single = Placement(SINGLE, (3,), (8,))
+    assert single.rows(0) == (0, 8) and single.weight(0) == 1.0
+
+
+def test_allreduce_graph_has_weighted_replicas_and_collectives(mlp_allreduce):
+    e = mlp_allreduce
+    nodes = {n.name: n for n in e.emitted.graph_def.node}
+    # Every node is placed on a device of the topology.
+    for node in nodes.values():
+        match = DEVICE.match(node.device)
+        assert match, node.name
+        task, kind, index = int(match[1]), match[2], int(match[3])
+        assert kind == "CPU" and task in (0, 1) and index in (0, 1)
+    # One CollectiveReduceV2 per trainable variable and replica, all in one group of 4.
+    trainable = [v for v in e.reference.variables if v.trainable]
+    collectives = [n for n in nodes.values() if n.op == "CollectiveReduceV2"]
+    assert len(collectives) == 4 * len(trainable) == len(e.emitted.collectives)
+    assert {c.group_key for c in e.emitted.collectives} == {1}
+    assert all(len(c.group) == 4 for c in e.emitted.collectives)
+    # The gradient seed of replica k is its batch share, so the summed gradients are the full-batch mean.
+    assert e.emitted.seed == "ones"
+    import tensorflow as tf
+
+    seeds = sorted(float(tf.make_ndarray(n.attr["value"].tensor)) for name, n in nodes.items()
+                   if name.endswith("/ones") and name.startswith("tag/p"))
+    assert seeds == pytest.approx([1 / 8, 2 / 8, 2 / 8, 3 / 8])
+    # Inputs keep their names and are fed once, whole batch.
+    assert nodes["inputs"].op == "Placeholder"
+    assert nodes["inputs"].attr["shape"].shape.dim[0].size == 8
+    # Every variable has a copy on each replica device, all initialised from one placeholder.
+    for copies in e.emitted.variable_copies.values():
+        assert len({device for _, device in copies}) == 4
+
+
+def test_emitted_graph_imports_and_is_bigger(mlp_allreduce):
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(mlp_allreduce.emitted.graph_def, name="")
+    summary = mlp_allreduce.summary()
+    assert summary["emitted_ops"] == len(graph.get_operations()) > 3 * summary["single_device_ops"]
+    assert graph.get_tensor_by_name("tag/loss:0").dtype == tf.float32
+
+
+def test_write_emission_folder(mlp_allreduce, tmp_path):
+    out = write_emission(mlp_allreduce, tmp_path / "out")
+    names = {p.name for p in out.iterdir()}
+    assert {"graph.pb", "graph.pbtxt", "cluster.json", "plan.json", "README.txt", "reference",
+            "initial_values.npz"} <= names
+    cluster = json.loads((out / "cluster.json").read_text())
+    assert cluster["cluster"]["worker"] == ["127.0.0.1:2222", "127.0.0.1:2223"]
+    assert cluster["tasks"][1]["devices"] == ["/job:worker/task:1/device:CPU:0", "/job:worker/task:1/device:CPU:1"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["lineage"]["graph_hash"] == mlp_allreduce.graph.content_hash()
+    assert plan["lineage"]["topology_hash"] == mlp_allreduce.topology.content_hash()
+    assert Strategy.from_dict(plan["strategy"]).options == ["allreduce"]
+    assert plan["emission"]["tasks"] == [2, 2]
+    assert "tag run" in (out / "README.txt").read_text()
+    # Existing folder: refused without force, replaced with it; no temporary folders left behind.
+    with pytest.raises(TagInputError, match="exists"):
+        write_emission(mlp_allreduce, out)
+    (out / "stale.txt").write_text("old")
+    write_emission(mlp_allreduce, out, force=True)
+    assert not (out / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_failed_write_leaves_nothing(mlp_allreduce, tmp_path, monkeypatch):
+    import tag_core.emit as emit_module
+
+    def broken(_):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(emit_module, "readme", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_emission(mlp_allreduce, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_device_strings(two_by_two):
+    spec = resolve_model(MLP, 4)
+    e = emit(spec, load_topology(two_by_two), "ps", "gpu")
+    devices = {n.device for n in e.emitted.graph_def.node}
+    assert devices <= {f"/job:worker/task:{t}/device:GPU:{i}" for t in (0, 1) for i in (0, 1)}
+    assert len(devices) == 4
+
+
+def test_ps_keeps_one_copy_of_each_model_variable(two_by_two):
+    e = emit(resolve_model(MLP, 8), load_topology(two_by_two), "ps", "cpu")
+    model_vars = [v.name for v in e.reference.variables if v.owner == "model"]
+    homes = {name: e.emitted.variable_copies[name] for name in model_vars}
+    assert all(len(copies) == 1 for copies in homes.values())
+    assert len({copies[0][1] for copies in homes.values()}) > 1  # spread over the parameter servers
+    assert not e.emitted.collectives
+
+
+def test_duplicate_and_model_parallel_have_no_collectives(two_by_two):
+    topology = load_topology(two_by_two)
+    dup = emit(resolve_model(MLP, 8), topology, "duplicate", "cpu")
+    assert not dup.emitted.collectives and {p.kind for p in dup.placed.placements} == {"full", "single"}
+    mp = emit(resolve_model(MLP, 8), topology, "model_parallel", "cpu")
+    assert not mp.emitted.collectives and {p.kind for p in mp.placed.placements} == {"single"}
+    used = {n.device for n in mp.emitted.graph_def.node}
+    assert len(used) > 1
+
+
+# ---- bad input: clear errors, exit 2, no output folder -------------------------------------
+
+
+def _emit_args(tmp_path, *extra):
+    return ["emit", MLP, "--out", str(tmp_path / "out"), "--device-kind", "cpu", *extra]
+
+
+def _plan_file(tmp_path, two_by_two, **changes):
+    spec = resolve_model(MLP)
+    graph = _graph(spec)
+    topology = load_topology(two_by_two)
+    strategy = Strategy.uniform(len(graph.ops), 2, 4, "allreduce")
+    plan = {"model": MLP, "topology": topology.name, "batch_size": spec.batch_size, "strategy": strategy.to_dict(),
+            "lineage": {"graph_hash": graph.content_hash(), "topology_hash": topology.content_hash()}}
+    for key, value in changes.items():
+        if key in plan["lineage"]:
+            plan["lineage"][key] = value
+        else:
+            plan[key] = value
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"graph_hash": "0123456789abcdef"}, "another graph"),
+    ({"topology_hash": "fedcba9876543210"}, "another topology"),
+    ({"model": "small_cnn"}, "was made for model"),
+])
+def test_plan_for_something_else_is_refused(tag_home, tmp_path, two_by_two, capsys, change, message):
+    plan = _plan_file(tmp_path, two_by_two, **change)
+    code = main(_emit_args(tmp_path, "--plan", str(plan), "--topology", str(two_by_two)))
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_with_missing_groups_is_refused(tag_home, tmp_path, two_by_two, capsys):
+    plan_path = _plan_file(tmp_path, two_by_two)
+    plan = json.loads(plan_path.read_text())
+    n = plan["strategy"]["num_ops"]
+    plan["strategy"]["op_groups"] = [0] * (n - 1) + [3]  # group 3 does not exist
+    plan_path.write_text(json.dumps(plan))
+    code = main(_emit_args(tmp_path, "--plan", str(plan_path), "--topology", str(two_by_two)))
+    assert code == 2
+    assert "group" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_for_fewer_ops_is_refused(tag_home, tmp_path, two_by_two, capsys):
+    plan_path = _plan_file(tmp_path, two_by_two)
+    plan = json.loads(plan_path.read_text())
+    plan["strategy"]["num_ops"] -= 5
+    plan["lineage"] = {}
+    plan_path.write_text(json.dumps(plan))
+    assert main(_emit_args(tmp_path, "--plan", str(plan_path), "--topology", str(two_by_two))) == 2
+    assert "op_groups" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_out_needs_force(tag_home, tmp_path, two_by_two, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("keep me")
+    code = main(_emit_args(tmp_path, "--topology", str(two_by_two), "--strategy", "allreduce"))
+    assert code == 2
+    assert "--force" in capsys.readouterr().err
+    assert (tmp_path / "out" / "mine.txt").read_text() == "keep me"
+    assert main(_emit_args(tmp_path, "--topology", str(two_by_two), "--strategy", "allreduce", "--force")) == 0
+    assert (tmp_path / "out" / "graph.pb").exists() and not (tmp_path / "out" / "mine.txt").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--strategy", "allreduce"], "--topology"),
+    (["--strategy", "sideways", "--topology", "TOPO"], "unknown baseline"),
+    (["--plan", "missing.json", "--topology", "TOPO"], "does not exist"),
+])
+def test_bad_arguments_exit_2(tag_home, tmp_path, two_by_two, capsys, extra, message):
+    extra = [str(two_by_two) if a == "TOPO" else a for a in extra]
+    assert main(_emit_args(tmp_path, *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
