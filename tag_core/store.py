@@ -52,6 +52,21 @@ SCHEMA = [
         graph_hash TEXT, profile_hash TEXT, groups_hash TEXT, topology_hash TEXT, checkpoint_hash TEXT,
         code_version TEXT, seed INTEGER, budget JSON, warm_start_from TEXT, plan JSON NOT NULL,
         created_at TIMESTAMP DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS topology_retirements (
+        topology TEXT PRIMARY KEY, content_hash TEXT, retired_at TIMESTAMP DEFAULT current_timestamp)""",
+    # Which snapshot, profile set, groups and checkpoint made each plan, and whether each is still current.
+    """CREATE OR REPLACE VIEW plan_lineage AS
+        SELECT p.plan_id, p.model, p.topology, p.created_at, p.source, p.tag_time_s, p.speedup_vs_dp_nccl,
+               p.graph_hash, p.graph_hash = m.graph_hash AS graph_is_current,
+               p.profile_hash, p.groups_hash, p.groups_hash = g.groups_hash AS groups_are_current,
+               p.topology_hash, s.source_file AS snapshot_file, s.recorded_at AS snapshot_recorded_at,
+               r.retired_at AS topology_retired_at, p.checkpoint_hash, p.code_version, p.seed, p.budget,
+               p.warm_start_from
+        FROM plans p
+        LEFT JOIN models m ON m.model = p.model
+        LEFT JOIN op_group_sets g ON g.model = p.model
+        LEFT JOIN topology_snapshots s ON s.topology = p.topology AND s.content_hash = p.topology_hash
+        LEFT JOIN topology_retirements r ON r.topology = p.topology""",
 ]
 
 PROFILE_COLUMNS = ["model", "op", "device_type", "batch_size", "run", "time_us", "host", "tf_version", "profiled_at"]
@@ -311,3 +326,36 @@ def latest_plan(conn, model: str, topology: str) -> tuple[str, dict] | None:
         [model, topology],
     ).fetchone()
     return None if row is None else (row[0], json.loads(row[1]))
+
+
+def retire_topology(conn, topology: str, content_hash: str | None) -> None:
+    """Mark a snapshot retired (its file is gone); its partition, snapshots and plans stay."""
+    with transaction(conn):
+        conn.execute("DELETE FROM topology_retirements WHERE topology = ?", [topology])
+        conn.execute("INSERT INTO topology_retirements (topology, content_hash) VALUES (?, ?)", [topology, content_hash])
+
+
+def reinstate_topology(conn, topology: str) -> None:
+    with transaction(conn):
+        conn.execute("DELETE FROM topology_retirements WHERE topology = ?", [topology])
+
+
+def retired_topologies(conn) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT topology FROM topology_retirements").fetchall()}
+
+
+def plan_lineage(conn, model: str, topology: str) -> pd.DataFrame:
+    """The history of plans for one model × topology, oldest first, with what made each."""
+    return conn.execute(
+        "SELECT * FROM plan_lineage WHERE model = ? AND topology = ? ORDER BY created_at, plan_id", [model, topology]
+    ).df()
+
+
+def current_plans(conn) -> pd.DataFrame:
+    """The newest plan of every model × topology whose snapshot is not retired."""
+    return conn.execute(
+        f"SELECT {', '.join('p.' + c for c in PLAN_COLUMNS)} FROM plans p "
+        "LEFT JOIN topology_retirements r ON r.topology = p.topology WHERE r.topology IS NULL "
+        "QUALIFY row_number() OVER (PARTITION BY p.model, p.topology ORDER BY p.created_at DESC, p.plan_id) = 1 "
+        "ORDER BY p.model, p.topology"
+    ).df()

@@ -97,6 +97,8 @@ def run(args) -> int:
         write_atomically(args.out, text + "\n", make_parents=False)
     conn = open_store(args)
     try:
+        # The snapshot goes in too, so lineage and the report can find the topology a plan was made for.
+        store.save_topology_snapshot(conn, topology.name, topology.content_hash(), topology.to_dict(), args.topology)
         store.save_plan(conn, uuid.uuid4().hex[:16], data, source="cli")
     finally:
         conn.close()

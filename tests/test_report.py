@@ -1,0 +1,69 @@
+"""Plan history, lineage and the HTML report, from real `tag plan` runs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tag_core import store
+from tag_core.cli import main
+
+SNAPSHOT = {
+    "name": "two-boxes",
+    "machines": [
+        {"name": "box-a", "gpu": "V100-16GB", "count": 2, "intra_gbps": 100},
+        {"name": "box-b", "gpu": "T4", "count": 2, "intra_gbps": 64},
+    ],
+    "inter_gbps": 25,
+}
+MODEL = "mlp[features=16,hidden=8]"
+
+
+@pytest.fixture
+def planned(tag_home, tmp_path, capsys):
+    topology = tmp_path / "two.json"
+    topology.write_text(json.dumps(SNAPSHOT))
+    for seed in (0, 1):
+        assert main(["plan", MODEL, "--topology", str(topology), "--budget-iterations", "20", "--seed", str(seed),
+                     "--groups", "8", "--json"]) == 0
+    capsys.readouterr()
+    return topology
+
+
+def test_lineage_lists_history_and_changes(planned, capsys):
+    assert main(["lineage", MODEL, "two-boxes", "--json"]) == 0
+    history = json.loads(capsys.readouterr().out)
+    assert len(history) == 2
+    assert history[0]["changed"] == ["first plan"] and history[1]["changed"] == ["search seed"]
+    assert history[0]["snapshot_file"] == str(planned)
+    assert history[0]["graph_is_current"]
+    for column in ("graph_hash", "profile_hash", "groups_hash", "topology_hash", "code_version"):
+        assert history[-1][column], column
+
+
+def test_lineage_of_an_unknown_pair_exits_2(planned, capsys):
+    assert main(["lineage", MODEL, "elsewhere"]) == 2
+    assert "no plans for" in capsys.readouterr().err
+
+
+def test_report_has_table_and_pictures(planned, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert MODEL in printed and "two-boxes" in printed and "report:" in printed
+    page = (out / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 3  # speedup bars, heatmap, timeline
+    assert re.search(r"<td>\d+\.\d\d×</td>", page)
+
+
+def test_retired_topologies_leave_the_current_plans(planned):
+    conn = store.connect()
+    assert len(store.current_plans(conn)) == 1
+    store.retire_topology(conn, "two-boxes", None)
+    assert store.current_plans(conn).empty
+    assert len(store.plan_lineage(conn, MODEL, "two-boxes")) == 2, "history stays"
+    assert store.plan_lineage(conn, MODEL, "two-boxes").topology_retired_at.notna().all()
+    store.reinstate_topology(conn, "two-boxes")
+    assert len(store.current_plans(conn)) == 1
