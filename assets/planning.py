@@ -5,13 +5,21 @@
 
 import hashlib
 import json
-import os
 import re
 import uuid
 from pathlib import Path
 from typing import Optional
 
-from dagster import AssetExecutionContext, Config, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Config,
+    DataVersion,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
@@ -20,7 +28,10 @@ from tag_core.errors import TagInputError
 from tag_core.grouping import DEFAULT_GROUPS, OpGroups
 from tag_core.mcts import Budget
 from tag_core.models import resolve_model
+from tag_core.plots import markdown_image
 from tag_core.planner import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
+from tag_core.report import plan_pictures
+from tag_core.snapshots import topology_directory
 from tag_core.topology import load_topology, parse_topology
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
@@ -30,10 +41,6 @@ from .capture import training_graph
 from .profiling import op_profiles
 
 _SNAPSHOT_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-def topology_dir() -> Path:
-    return Path(os.environ.get("TAG_TOPOLOGY_DIR", "topologies"))
 
 
 class GroupsConfig(Config):
@@ -84,15 +91,24 @@ def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> 
         key = context.partition_key
         if not _SNAPSHOT_KEY.match(key):
             raise TagInputError("topology", f"{key!r} is not a snapshot name (letters, digits, '_', '-', '.')")
-        directory = topology_dir().resolve()
+        directory = topology_directory().resolve()
         path = (directory / f"{key}.json").resolve()
         if path.parent != directory:  # a symlink out of the directory
             raise TagInputError("topology", f"{key}.json leaves {directory}")
         if not path.is_file():
-            raise TagInputError("topology", f"no snapshot {path}")
+            with open_store(duckdb) as conn:
+                known = store.latest_topology_snapshot(conn, key)
+                if known is None:
+                    raise TagInputError("topology", f"no snapshot {path}")
+                # Deleted: retire it; the partition, snapshots and plans keep their history.
+                store.retire_topology(conn, key, known["content_hash"])
+            context.log.info(f"{path} is gone: topology {key!r} retired")
+            return MaterializeResult(metadata={"retired": True, "content_hash": known["content_hash"]},
+                                     data_version=DataVersion(f"retired:{known['content_hash']}"))
         topology = load_topology(path)
         with open_store(duckdb) as conn:
             store.save_topology_snapshot(conn, key, topology.content_hash(), topology.to_dict(), str(path))
+            store.reinstate_topology(conn, key)
     return MaterializeResult(
         metadata={
             "machines": topology.num_machines,
@@ -110,6 +126,12 @@ def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> 
 @asset(
     partitions_def=model_topology_partitions,
     deps=[op_groups, cluster_topology, op_profiles],
+    check_specs=[
+        AssetCheckSpec("plan_fits_memory", asset="deployment_plan",
+                       description="No device runs out of memory under the plan (simulated)."),
+        AssetCheckSpec("plan_beats_baselines", asset="deployment_plan",
+                       description="TAG is no slower than DP-NCCL and DP-NCCL-P (simulated)."),
+    ],
     group_name="plan",
     pool=DUCKDB_POOL,
     kinds={"duckdb"},
@@ -143,8 +165,12 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
         with open_store(duckdb) as conn:
             store.save_plan(conn, plan_id, data, source="dagster", topology_key=topology_key)
     speedup = data["speedup_vs_dp_nccl"]
+    pictures = plan_pictures(graph, profiles, topology, data)
     return MaterializeResult(
+        check_results=plan_check_results(data),
         metadata={
+            "placement": MetadataValue.md(markdown_image(pictures.heatmap, "placement heatmap")),
+            "timeline": MetadataValue.md(markdown_image(pictures.gantt, "simulated iteration")),
             "plan_id": plan_id,
             "tag_iteration_ms": data["tag"]["iteration_time_s"] * 1e3,
             "speedup_vs_dp_nccl": speedup if speedup is not None else MetadataValue.text("DP-NCCL out of memory"),
@@ -156,6 +182,22 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
         },
         data_version=DataVersion(_plan_version(data)),
     )
+
+
+def plan_check_results(data: dict) -> list[AssetCheckResult]:
+    tag = data["tag"]["iteration_time_s"]
+    slower_than = [
+        name for name in ("dp_nccl", "dp_nccl_p")
+        if not data["baselines"][name].get("oom") and tag > data["baselines"][name]["iteration_time_s"] * (1 + 1e-9)
+    ]
+    return [
+        AssetCheckResult(check_name="plan_fits_memory", passed=not data["oom"],
+                         metadata={"peak_memory_bytes": MetadataValue.json(data["tag"].get("peak_memory_bytes"))}),
+        AssetCheckResult(check_name="plan_beats_baselines", passed=not slower_than,
+                         metadata={"tag_ms": tag * 1e3, "slower_than": ", ".join(slower_than) or "none",
+                                   **{f"{name}_ms": data["baselines"][name]["iteration_time_s"] * 1e3
+                                      for name in ("dp_nccl", "dp_nccl_p")}}),
+    ]
 
 
 def _plan_version(data: dict) -> str:

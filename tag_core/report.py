@@ -26,13 +26,11 @@ class PlanPictures:
     gantt: bytes
 
 
-def plan_pictures(conn, plan: dict, topology: Topology) -> PlanPictures:
-    """Heatmap and Gantt of one plan, re-simulated from the stored graph and profiles."""
+def plan_pictures(graph, profiles, topology: Topology, plan: dict) -> PlanPictures:
+    """Heatmap and Gantt of one plan, re-simulated (with a timeline) from its graph and profiles."""
     from .simulate import Simulator
 
     strategy = Strategy.from_dict(plan["strategy"])
-    graph = store.load_op_graph(conn, plan["model"])
-    profiles = store.load_profiles(conn, plan["model"])
     result = Simulator(graph, topology, profiles, plan["batch_size"]).run(strategy, timeline=True)
     title = f"{plan['model']} on {plan['topology']}"
     return PlanPictures(placement_heatmap(strategy, topology, title), gantt(result, graph, topology, title))
@@ -105,7 +103,9 @@ def build_report(conn, out_dir: str | Path) -> Path:
             if snapshot is None:
                 parts.append("<p>(the topology snapshot is not recorded; no pictures)</p>")
             else:
-                pictures = plan_pictures(conn, plan, parse_topology(snapshot["snapshot"], source=r["topology"]))
+                topology = parse_topology(snapshot["snapshot"], source=r["topology"])
+                graph = store.load_op_graph(conn, plan["model"])
+                pictures = plan_pictures(graph, store.load_profiles(conn, plan["model"]), topology, plan)
                 parts.append(_image(pictures.heatmap, "placement heatmap") + _image(pictures.gantt, "timeline"))
             parts.append(f"<pre>{html.escape(json.dumps(plan.get('lineage', {}), indent=1))}</pre>")
     parts.append("</body></html>")

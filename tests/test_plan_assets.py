@@ -92,6 +92,17 @@ def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance
         assert f"| {label}" in table
     assert meta["lineage"].value["graph_hash"] == graph_hash
     assert meta["tag_iteration_ms"].value == pytest.approx(data["tag"]["iteration_time_s"] * 1e3)
+    for picture in ("placement", "timeline"):
+        assert meta[picture].value.startswith("![") and "data:image/png;base64," in meta[picture].value
+    checks = {c.check_name: c.passed for c in first.get_asset_check_evaluations()}
+    assert checks == {"plan_fits_memory": True, "plan_beats_baselines": True}
+
+    # A deleted snapshot is retired, and its plans stay.
+    (env / "topologies" / "small.json").unlink()
+    assert _materialize(instance, [cluster_topology], "small").success
+    with store.connect(read_only=True) as conn:
+        assert store.retired_topologies(conn) == {"small"}
+        assert len(store.load_plans(conn, topology="small")) == 2
 
 
 @pytest.mark.parametrize("key,expected", [
