@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -107,9 +107,13 @@ def check_lineage(plan: dict[str, Any], graph: OpGraph, topology: Topology, mode
                                       f"has {topology.content_hash()}); plan again or pass the plan's topology")
 
 
-def emit(spec: ModelSpec, topology: Topology, strategy: Strategy | str, device_kind: str = "gpu",
+StrategySource = Strategy | str | Callable[[OpGraph, Topology], Strategy]
+
+
+def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_kind: str = "gpu",
          plan: dict[str, Any] | None = None, profiles=None) -> Emission:
-    """Trace `spec`, check the plan's lineage, and build the distributed step for `strategy`."""
+    """Trace `spec`, check the plan's lineage, and build the distributed step for `strategy`: a Strategy,
+    a name (see `resolve_strategy`), or a function of the captured OpGraph and the topology."""
     import keras
 
     from .trace import build_keras, trace_step
@@ -133,6 +137,8 @@ def emit(spec: ModelSpec, topology: Topology, strategy: Strategy | str, device_k
         check_lineage(plan, graph, topology, spec.name)
     if isinstance(strategy, str):
         strategy = resolve_strategy(strategy, graph, topology, batch, profiles)
+    elif callable(strategy):
+        strategy = strategy(graph, topology)
     placed = place_ops(graph, topology, strategy, profiles, batch)
     for p in placed.placements:
         for b in p.batches:

@@ -79,7 +79,8 @@ def _load_graph_def(folder: Path, meta: dict, timeout: float, on_cpu: bool):
     graph_def.ParseFromString((folder / "graph.pb").read_bytes())
     for node in graph_def.node:
         if node.op.startswith("Collective"):
-            node.attr["timeout_seconds"].f = float(timeout)  # a missing peer fails the step, naming the op
+            # A missing peer fails the step naming the op, before the session's own deadline (which names none).
+            node.attr["timeout_seconds"].f = max(1.0, 0.8 * float(timeout))
         if on_cpu:
             node.device = node.device.replace("/device:GPU:", "/device:CPU:")
     return graph_def
@@ -174,6 +175,13 @@ def waiting_collectives(message: str, meta: dict) -> list[dict]:
     return found
 
 
+def _headline(message: str) -> str:
+    """The informative line of a TF error (its first line is often just 'Graph execution error:')."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    useful = [line for line in lines if line != "Graph execution error:" and not line.startswith(("Detected at", "Node:"))]
+    return (useful or lines or [""])[0][:500]
+
+
 def run(args) -> int:
     import tensorflow as tf
 
@@ -235,7 +243,7 @@ def run(args) -> int:
             report("step", **fields)
     except tf.errors.OpError as exc:
         message = str(exc)
-        report("error", stage=stage, kind=type(exc).__name__, message=message.splitlines()[0][:500],
+        report("error", stage=stage, kind=type(exc).__name__, message=_headline(message),
                waiting=waiting_collectives(message, meta))
         return 1
     report("done", steps=args.steps, failed_steps=failed)

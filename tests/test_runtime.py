@@ -1,0 +1,169 @@
+"""Emitted graphs on TF's distributed runtime (local servers): each must compute the single-device step.
+
+Every run happens in a child process under a timeout; tests that run collectives carry a pytest timeout too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tag_core.cli import main
+from tag_core.emit import emit, write_emission
+from tag_core.models import resolve_model
+from tag_core.planner import make_groups
+from tag_core.runtime import _supervise, run_emitted
+from tag_core.strategy import OPTIONS, Strategy
+from tag_core.topology import parse_topology
+
+MODELS = {
+    "mlp": "mlp[features=12,hidden=16]",
+    "small_cnn": "small_cnn[image_size=8]",
+    # layers=1 is one encoder and one decoder block: two layers with LayerNorm and attention.
+    "transformer": "transformer[layers=1,d_model=32,heads=2,ff=64,vocab=50,seq_len=8]",
+}
+BATCH = 8
+UNEVEN = np.array([1.0, 2.0, 3.0, 2.0])  # rows 1, 2, 3, 2 of the batch of 8
+TWO_BY_TWO = parse_topology({
+    "name": "two2", "inter_gbps": 10,
+    "machines": [{"name": "a", "gpu": "V100-32GB", "count": 2, "intra_gbps": 100},
+                 {"name": "b", "gpu": "GTX1080Ti", "count": 2, "intra_gbps": 64}],
+})
+
+
+def one_option(option: str):
+    def build(graph, topology):
+        return Strategy.uniform(len(graph.ops), topology.num_machines, topology.num_devices, option,
+                                batch_shares=UNEVEN, name=option)
+    return build
+
+
+def mixed(graph, topology):
+    """METIS groups taking every option in turn, on both machines, machine a, or machine b."""
+    groups = make_groups(graph, None, 8)
+    masks = [[1, 1], [1, 0], [0, 1]]
+    options = [OPTIONS[g % 4] for g in range(groups.num_groups)]
+    chosen = [masks[(g // 4 + g) % 3] for g in range(groups.num_groups)]
+    return Strategy(groups.assignment, np.array(chosen, dtype=bool), options, UNEVEN, name="mixed")
+
+
+SCENARIOS = {option: one_option(option) for option in OPTIONS} | {"mixed": mixed}
+
+
+def _emit_run(tmp_path, model: str, strategy, steps: int = 3, topology=TWO_BY_TWO):
+    emission = emit(resolve_model(MODELS[model], BATCH), topology, strategy, "cpu")
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=steps, check=True, timeout=240, echo=lines.append)
+    return emission, result, lines
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_emitted_step_matches_single_device(tmp_path, model, scenario):
+    emission, result, lines = _emit_run(tmp_path, model, SCENARIOS[scenario])
+    assert result.ok, "\n".join(lines)
+    assert len(result.steps) == 3
+    for step in result.steps:
+        assert step["passed"] and step["max_relative_difference"] <= 1e-4
+        assert abs(step["loss"] - step["reference_loss"]) <= 1e-4 * abs(step["reference_loss"])
+        # Every variable was compared on every copy (less those whose gradient is rounding noise).
+        noise = len(step.get("noise_gradient_variables", []))
+        assert step["compared"]["variables"] == len(emission.reference.variables) - noise
+        assert step["compared"]["copies"] >= step["compared"]["variables"]
+    assert any("compared the loss and" in line for line in lines)
+    if scenario == "mixed":
+        kinds = {p.kind for p in emission.placed.placements}
+        assert kinds == {"split", "full", "single"}
+    if scenario in ("allreduce", "ps"):  # uneven shares became uneven sub-batches
+        split = [p for p in emission.placed.placements if p.kind == "split"]
+        assert split and split[0].batches == (1, 2, 3, 2)
+
+
+@pytest.mark.timeout(300)
+def test_single_device_baseline_runs(tmp_path):
+    emission, result, lines = _emit_run(tmp_path, "mlp", "single", steps=2)
+    assert result.ok, "\n".join(lines)
+    assert len({n.device for n in emission.emitted.graph_def.node}) == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_collective_missing_a_peer_fails_with_its_name(tmp_path):
+    emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
+    nodes = {n.name: n for n in emission.emitted.graph_def.node}
+    import tensorflow as tf
+
+    for node in list(nodes.values()):
+        if node.op == "CollectiveReduceV2":  # claim one more member than there is: every member waits
+            size = nodes[node.input[1]]
+            size.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(5, dtype=np.int32)))
+    out = write_emission(emission, tmp_path / "emitted")
+    start = time.monotonic()
+    result = run_emitted(out, steps=1, timeout=8)
+    assert not result.ok
+    assert time.monotonic() - start < 8 + 60
+    assert "step 0 failed" in result.error
+    assert "waiting: collective tag/allreduce_" in result.error
+    assert "/job:worker/task:" in result.error and "group 1 of 4 devices" in result.error
+
+
+def test_a_hung_worker_is_stopped_at_the_deadline():
+    meta = {"collectives": [{"node": "tag/allreduce_1/7", "device": "/job:worker/task:1/device:CPU:0",
+                             "group": ["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"]}]}
+    start = time.monotonic()
+    result = _supervise([sys.executable, "-c", "import time; time.sleep(120)"], meta, time.monotonic() + 1.5, 1.5,
+                        lambda line: None)
+    assert time.monotonic() - start < 30
+    assert not result.ok
+    assert "did not finish within the 1.5 s timeout" in result.error
+    assert "tag/allreduce_1/7 on /job:worker/task:1/device:CPU:0" in result.error
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_one_task_per_process_with_a_cluster_file(tmp_path):
+    emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
+    out = write_emission(emission, tmp_path / "emitted")
+    cluster = json.loads((out / "cluster.json").read_text())
+    cluster["cluster"]["worker"] = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    cluster_file = tmp_path / "cluster.json"
+    cluster_file.write_text(json.dumps(cluster))
+    task1 = subprocess.Popen([sys.executable, "-m", "tag_core.cli", "run", str(out), "--cluster", str(cluster_file),
+                              "--task-index", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             start_new_session=True)
+    try:
+        assert "serving" in task1.stdout.readline()
+        result = run_emitted(out, steps=2, check=True, timeout=120, cluster=cluster_file, task_index=0)
+        assert result.ok, "\n".join(result.lines + [result.error or ""])
+        assert all(step["passed"] for step in result.steps)
+    finally:
+        os.killpg(task1.pid, signal.SIGKILL)
+        task1.wait()
+
+
+def test_run_cli_bad_folder_exits_2(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nothing")]) == 2
+    assert "tag emit" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_run_cli_json(tmp_path, capsys):
+    emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, "duplicate", "cpu")
+    out = write_emission(emission, tmp_path / "emitted")
+    assert main(["run", str(out), "--steps", "2", "--check", "--json", "--timeout", "120"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and len(report["steps"]) == 2 and report["max_relative_difference"] <= 1e-4
