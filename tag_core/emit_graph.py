@@ -37,16 +37,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import numpy as np
 
+from .emit_analysis import BATCH, INVARIANT, PARTIAL, STAT, StepAnalysis, TensorFacts
 from .emit_nodes import NodeSink, parse_input, tensor_name
 from .emit_place import SPLIT, OpPlacements
 from .errors import TagInputError
-from .graph import PASS_THROUGH, OpGraph
+from .graph import OpGraph
 from .trace import INIT_SCOPE, TracedStep
-
-READ_TYPES = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape"}
-BATCH, PARTIAL, STAT, INVARIANT = "batch", "partial", "stat", "invariant"
 
 
 @dataclass(frozen=True)
@@ -56,15 +53,6 @@ class Context:
     pid: int
     replica: int
     local: bool
-
-
-@dataclass(frozen=True)
-class TensorFacts:
-    dtype: str
-    shape: tuple[int, ...]  # at the global batch
-    kind: str  # BATCH, PARTIAL, STAT or INVARIANT
-    axis: int = -1  # batch axis (BATCH)
-    per_sample: int = 0  # entries on the batch axis per sample (BATCH)
 
 
 @dataclass
@@ -88,7 +76,11 @@ class EmittedGraph:
     variable_copies: dict[str, list[tuple[str, str]]]  # variable name -> [(VarHandleOp node, device)]
     collectives: list[Collective]
     seed: str | None
-    stat_ops: list[str] = field(default_factory=list)  # ops whose batch statistics are per replica
+    # Batch statistics (batch norm) computed per replica of a split placement, their placements, and the
+    # data-dependent values written to variables (moving averages): what `tag run --check` must mirror.
+    stat_ops: list[str] = field(default_factory=list)
+    stat_placements: list[tuple[int, ...]] = field(default_factory=list)  # rows per replica
+    stat_writes: list[str] = field(default_factory=list)
 
 
 class GraphBuilder:
@@ -100,20 +92,13 @@ class GraphBuilder:
         self.probe = traces[probe]
         self.traces = {b: {n.name: n for n in t.graph_def.node if not n.name.startswith(INIT_SCOPE + "/")}
                        for b, t in traces.items()}
-        self.base = self.traces[self.batch]
         self.placed, self.devices, self.machines = placed, devices, machines
         self.apply_ops = {op.name for op in graph.ops if op.is_apply}
-        self.inputs = {name: [parse_input(t) for t in node.input] for name, node in self.base.items()}
-        self.input_nodes = {parse_input(t)[0] for t in self.step.input_tensors}
-        self.handles = {name for name, node in self.base.items() if node.op == "VarHandleOp"}
         self.kept = set(placed.op_pid)
-        self.free = set(self.base) - self.kept - self.handles
-        self.order = _topological(self.base, self.inputs)
-        self.resources = {n: [s for s, i in self.inputs[n] if i >= 0 and s in self.handles] for n in self.kept}
-        self.resources = {n: hs for n, hs in self.resources.items() if hs}
-        self.writers = {n for n, hs in self.resources.items() if self.base[n].op not in READ_TYPES}
-        self.seed = self._find_seed()
-        self.variant, self.seeded = self._flags()
+        self.analysis = a = StepAnalysis(self.step, self.probe, self.kept)
+        self.base, self.inputs, self.input_nodes, self.order = a.base, a.inputs, a.input_nodes, a.order
+        self.handles, self.free, self.resources, self.writers = a.handles, a.free, a.resources, a.writers
+        self.seed, self.facts = a.seed, a.facts
         self.homes = self._variable_homes()
         self.sink = NodeSink()
         self.made: dict[tuple[str, Context], str] = {}
@@ -128,7 +113,7 @@ class GraphBuilder:
             if name in self.kept:
                 for ctx in self.contexts(name):
                     self.copy(name, ctx)
-        loss_src, loss_index = self._loss_source()
+        loss_src, loss_index = self.analysis.loss_source()
         at = self.device_of(loss_src, self.contexts(loss_src)[0])
         out = Context(self.placed.single(at, self.batch), 0, False)
         loss = self.convert(loss_src, loss_index, out, at)
@@ -145,7 +130,12 @@ class GraphBuilder:
         graph_def.versions.CopyFrom(self.step.graph_def.versions)
         graph_def.library.CopyFrom(self.step.graph_def.library)
         graph_def.node.extend(self.sink.nodes)
+        stat_ops, stat_writes = self.analysis.batch_statistics(
+            {n for n in self.kept if self.local(n) and self.placed.placements[self.placed.op_pid[n]].replicas > 1})
         return EmittedGraph(
+            stat_ops=stat_ops,
+            stat_placements=sorted({self.placed.placements[self.placed.op_pid[n]].batches for n in stat_ops}),
+            stat_writes=stat_writes,
             graph_def=graph_def,
             input_tensors=list(self.step.input_tensors),
             loss_tensor="tag/loss:0",
@@ -189,64 +179,6 @@ class GraphBuilder:
         return values, copies
 
     # ---- analysis of the single-device step ---------------------------------------
-
-    def _find_seed(self) -> str | None:
-        """The constant 1 the gradient starts from: a float Const that every gradient depends on
-        and the loss does not (TF names it `ones`)."""
-        import tensorflow as tf
-
-        loss_ancestors = _reach([self._loss_source()[0]], lambda n: [s for s, i in self.inputs[n] if i >= 0])
-        gradients = {parse_input(v.gradient)[0] for v in self.step.variables if v.gradient}
-        if not gradients:
-            return None
-        consumers: dict[str, list[str]] = defaultdict(list)
-        for name, parsed in self.inputs.items():
-            for src, index in parsed:
-                if index >= 0:
-                    consumers[src].append(name)
-        for name in self.order:
-            node = self.base[name]
-            if node.op != "Const" or node.input or name in loss_ancestors:
-                continue
-            value = tf.make_ndarray(node.attr["value"].tensor)
-            if value.dtype.kind != "f" or value.size == 0 or not np.all(value == 1):
-                continue
-            if gradients <= _reach([name], lambda n: consumers[n]):
-                return name
-        return None
-
-    def _loss_source(self) -> tuple[str, int]:
-        """The kept op behind the loss tensor (the step's output is an Identity of it)."""
-        name, index = parse_input(self.step.loss_tensor)
-        while name in self.base and self.base[name].op in PASS_THROUGH and name not in self.placed.op_pid:
-            name, index = next((s, i) for s, i in self.inputs[name] if i >= 0)
-        return name, index
-
-    def _flags(self) -> tuple[set[str], set[str]]:
-        variant, seeded = set(self.input_nodes), {self.seed} if self.seed else set()
-        for name in self.order:
-            sources = [s for s, i in self.inputs[name] if i >= 0]
-            if any(s in variant for s in sources):
-                variant.add(name)
-            if any(s in seeded for s in sources):
-                seeded.add(name)
-        return variant, seeded
-
-    def facts(self, name: str, index: int) -> TensorFacts:
-        shape, dtype = self.step.output_shapes[name][index]
-        other, _ = self.probe.output_shapes[name][index]
-        grown = [a for a, (x, y) in enumerate(zip(shape, other)) if x != y]
-        if grown:
-            axis = grown[0]
-            per = (other[axis] - shape[axis]) // (self.probe.batch_size - self.batch)
-            if per <= 0 or shape[axis] != per * self.batch:
-                axis, per = -1, 0  # not a batch-major layout: cannot be split by rows
-            return TensorFacts(dtype, tuple(shape), BATCH, axis, per)
-        if name in self.seeded:
-            return TensorFacts(dtype, tuple(shape), PARTIAL)
-        if name in self.variant:
-            return TensorFacts(dtype, tuple(shape), STAT)
-        return TensorFacts(dtype, tuple(shape), INVARIANT)
 
     def _variable_homes(self) -> dict[str, set[int] | None]:
         """Devices holding a copy of each variable (None: unwritten, a copy wherever it is read)."""
@@ -449,38 +381,3 @@ class GraphBuilder:
         return self.reduced[key]
 
 
-def _topological(nodes: dict, inputs: dict[str, list[tuple[str, int]]]) -> list[str]:
-    """Kahn's order over data and control inputs, ties in GraphDef order."""
-    position = {name: i for i, name in enumerate(nodes)}
-    indegree = {name: 0 for name in nodes}
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for name, parsed in inputs.items():
-        for src, _ in parsed:
-            if src in nodes:
-                indegree[name] += 1
-                consumers[src].append(name)
-    import heapq
-
-    ready = [(position[n], n) for n, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, name = heapq.heappop(ready)
-        order.append(name)
-        for c in consumers[name]:
-            indegree[c] -= 1
-            if indegree[c] == 0:
-                heapq.heappush(ready, (position[c], c))
-    if len(order) != len(nodes):
-        raise ValueError("the traced step has a cycle")
-    return order
-
-
-def _reach(start: list[str], neighbours) -> set[str]:
-    seen, stack = set(start), list(start)
-    while stack:
-        for n in neighbours(stack.pop()):
-            if n not in seen:
-                seen.add(n)
-                stack.append(n)
-    return seen
