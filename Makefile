@@ -23,10 +23,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The main job: demo models x examples/topologies through Dagster's CLI, then the plan table and report.
+# DEMO_ARGS=--full plans the six benchmark models instead (slow on a CPU).
+DEMO_ARGS ?=
 demo: install
-	$(VENV)/bin/tag models
-	$(VENV)/bin/tag capture small_cnn
-	$(VENV)/bin/tag profile small_cnn --batch-sizes 2,4 --runs 5
+	$(PY) -m tag_pipelines.demo $(DEMO_ARGS)
 
 benchmarks: install
 	$(PY) benchmarks/capture_profile.py

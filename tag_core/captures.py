@@ -101,16 +101,24 @@ def ensure_captured(conn, spec: ModelSpec) -> OpGraph:
     return capture_model(conn, spec)
 
 
-def ensure_step_files(spec: ModelSpec, batch_sizes: list[int]) -> dict[int, Path]:
-    """Step metadata files for each batch size, tracing the missing ones in a child process.
+# Above this much variable state (model + optimizer), trace in a child process.
+CHILD_TRACE_BYTES = 256 * 2**20
+
+
+def ensure_step_files(spec: ModelSpec, batch_sizes: list[int], state_bytes: int = 0) -> dict[int, Path]:
+    """Step metadata files for each batch size, tracing the missing ones.
 
     Tracing needs the Keras model and optimizer state in memory (1.7 GB for
-    VGG19); a child process gives all of it back before anything runs.
+    VGG19). For big models (`state_bytes` over CHILD_TRACE_BYTES) a child
+    process traces, and gives all of it back before anything runs; small
+    models trace in this process and skip a second TF start-up.
     """
     folder = capture_folder(spec.name)
     files = {batch: folder / f"step_b{batch}.json" for batch in batch_sizes}
     missing = [batch for batch, path in files.items() if not path.exists()]
-    if missing:
+    if missing and state_bytes <= CHILD_TRACE_BYTES:
+        _trace_batches(spec, missing, folder)
+    elif missing:
         command = [sys.executable, "-m", "tag_core.captures", spec.name, str(spec.batch_size), str(folder),
                    ",".join(map(str, missing))]
         result = subprocess.run(command, capture_output=True, text=True)
@@ -123,15 +131,19 @@ def ensure_step_files(spec: ModelSpec, batch_sizes: list[int]) -> dict[int, Path
     return files
 
 
-def _trace_in_child(model: str, batch_size: int, folder: str, batches: str) -> int:
-    from .models import resolve_model
+def _trace_batches(spec: ModelSpec, batches: list[int], folder: Path) -> None:
     from .trace import build_keras, trace_step
 
+    keras_objects = build_keras(spec)
+    for batch in batches:
+        save_step(trace_step(spec, batch, keras_objects), folder)
+
+
+def _trace_in_child(model: str, batch_size: int, folder: str, batches: str) -> int:
+    from .models import resolve_model
+
     try:
-        spec = resolve_model(model, batch_size)
-        keras_objects = build_keras(spec)
-        for batch in map(int, batches.split(",")):
-            save_step(trace_step(spec, batch, keras_objects), Path(folder))
+        _trace_batches(resolve_model(model, batch_size), [int(b) for b in batches.split(",")], Path(folder))
     except TagInputError as exc:
         print(f"tag: error: {exc}", file=sys.stderr)
         return 2

@@ -127,7 +127,7 @@ def profile_model(
     op_names = [op.name for op in graph.ops]
     device_type = detect_device_type()
     host, version = socket.gethostname(), tf.__version__
-    step_files = ensure_step_files(spec, batch_sizes)
+    step_files = ensure_step_files(spec, batch_sizes, sum(v.bytes for v in graph.variables))
     rows = []
     with tqdm(total=len(batch_sizes) * runs, desc=f"profile {spec.name}", unit="run", disable=not show_progress) as bar:
         for batch in batch_sizes:

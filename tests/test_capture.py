@@ -88,3 +88,15 @@ def test_transformer_options_capture():
     types = {op.type for op in graph.ops}
     assert "BatchMatMulV2" in types or "Einsum" in types
     assert graph.summary()["gradient_ops"] > 0
+
+
+def test_big_models_trace_other_batch_sizes_in_a_child_process(tag_home):
+    from tag_core.captures import CHILD_TRACE_BYTES, ensure_step_files
+
+    spec = resolve_model("mlp[features=6,hidden=4]", batch_size=4)
+    conn = store.connect()
+    graph = capture_model(conn, spec)
+    files = ensure_step_files(spec, [3, 4], state_bytes=CHILD_TRACE_BYTES + 1)
+    assert str(files[4]) == store.captured_model(conn, spec.name)["step_file"]
+    child = load_step(files[3])
+    assert child.batch_size == 3 and [v.name for v in child.variables] == [v.name for v in graph.variables]
