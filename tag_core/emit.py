@@ -52,6 +52,7 @@ class Emission:
     placed: OpPlacements
     emitted: EmittedGraph
     reference: TracedStep  # the single-device step at the same batch
+    traces: dict[int, TracedStep]  # the step at every batch size the copies use
     initial_values: dict[str, np.ndarray]
     lineage: dict[str, Any]
     seconds: float
@@ -156,7 +157,8 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     lineage = {"graph_hash": graph.content_hash() if batch == captured_batch else None,
                "topology_hash": topology.content_hash(), **({} if plan is None else plan.get("lineage") or {})}
     return Emission(spec=spec, topology=topology, strategy=strategy, device_kind=device_kind, batch_size=batch,
-                    graph=graph, placed=placed, emitted=emitted, reference=traces[batch], initial_values=values,
+                    graph=graph, placed=placed, emitted=emitted, reference=traces[batch], traces=traces,
+                    initial_values=values,
                     lineage=lineage, seconds=time.perf_counter() - start, notes=notes)
 
 
@@ -188,11 +190,14 @@ def write_emission(emission: Emission, out: str | Path, force: bool = False) -> 
         (work / "graph.pbtxt").write_text(text_format.MessageToString(graph_def))
         (work / "cluster.json").write_text(json.dumps(cluster_json(emission), indent=1))
         _, meta = save_step(emission.reference, work / "reference")
+        statistics = batch_statistics(emission)
+        for rows in set(statistics.get("rows") or ()):  # the per-sub-batch reference's steps
+            save_step(emission.traces[rows], work / "reference")
         exact = sum(v.nbytes for v in emission.initial_values.values()) <= EXACT_VALUES_LIMIT
         if exact:
             np.savez(work / "initial_values.npz", **{f"v{i}": emission.initial_values[v.name]
                                                       for i, v in enumerate(emission.reference.variables)})
-        (work / "plan.json").write_text(json.dumps(plan_json(emission, meta.name, exact), indent=1))
+        (work / "plan.json").write_text(json.dumps(plan_json(emission, meta.name, exact, statistics), indent=1))
         (work / "README.txt").write_text(readme(emission))
         _swap_in(work, out)
     except BaseException:
@@ -221,7 +226,28 @@ def cluster_json(emission: Emission) -> dict[str, Any]:
     return {"cluster": {"worker": addresses}, "tasks": tasks}
 
 
-def plan_json(emission: Emission, reference_meta: str, exact_values: bool) -> dict[str, Any]:
+def batch_statistics(emission: Emission) -> dict[str, Any]:
+    """How `tag run --check` treats batch statistics computed per replica (batch norm): against the
+    single-device step run on each replica's rows and combined like the replicas, or not at all."""
+    e = emission.emitted
+    if not e.stat_ops:
+        return {}
+    info: dict[str, Any] = {"ops": e.stat_ops, "writes": e.stat_writes}
+    shapes = emission.reference.output_shapes
+    sparse = [v.name for v in emission.reference.variables if v.gradient and
+              tuple(shapes[v.gradient.split(":")[0]][int(v.gradient.split(":")[1])][0]) != tuple(v.shape)]
+    if isinstance(e.stat_rows, str):
+        info["skip"] = e.stat_rows
+    elif sparse:
+        info["skip"] = f"sparse gradients ({', '.join(sparse[:3])}) cannot be combined over sub-batches"
+    else:
+        info["rows"] = list(e.stat_rows)
+        info["references"] = {str(b): f"reference/step_b{b}.json" for b in sorted(set(e.stat_rows))}
+    return info
+
+
+def plan_json(emission: Emission, reference_meta: str, exact_values: bool,
+              statistics: dict[str, Any]) -> dict[str, Any]:
     e, spec = emission.emitted, emission.spec
     variables = []
     for i, v in enumerate(emission.reference.variables):
@@ -260,6 +286,7 @@ def plan_json(emission: Emission, reference_meta: str, exact_values: bool) -> di
             "collectives": [{"node": c.node, "device": c.device, "tensor": c.tensor, "group_key": c.group_key,
                              "instance_key": c.instance_key, "group": c.group} for c in e.collectives],
             "placements": [p.describe(devices) for p in emission.placed.placements],
+            "batch_statistics": statistics,
         },
     }
 

@@ -132,6 +132,18 @@ class StepAnalysis:
                     writes.append(tensor_name(src, index) if index else f"{src}:0")
         return ops, writes
 
+    def statistics_chain(self, stat_ops: list[str]) -> set[str]:
+        """Kept ops computing the statistics of `stat_ops` (data-dependent, no batch dimension) and the
+        ops using them: all of it must see one batch split for a per-sub-batch reference to hold."""
+        def producers(name: str) -> list[str]:
+            return [s for s, i in self.inputs[name] if i >= 0 and s in self.variant and s not in self.seeded
+                    and (s in self.free or self.facts(s, i).kind == STAT)]
+
+        chain = reach(list(stat_ops), producers)
+        chain |= reach(list(stat_ops), lambda n: [c for c in self.consumers[n] if c in self.free])
+        users = {c for n in chain for c in self.consumers[n]}
+        return {n for n in chain | users if n in self.kept}
+
 
 def topological(nodes: dict, inputs: dict[str, list[tuple[str, int]]]) -> list[str]:
     """Kahn's order over data and control inputs, ties in GraphDef order."""

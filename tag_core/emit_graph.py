@@ -73,13 +73,14 @@ class EmittedGraph:
     train_op: str
     init_op: str
     init_values: list[str]  # placeholder of each variable's initial value, in TracedStep.variables order
-    variable_copies: dict[str, list[tuple[str, str]]]  # variable name -> [(VarHandleOp node, device)]
+    # variable name -> [(VarHandleOp node, device, its assign from tag_init/value_i)]
+    variable_copies: dict[str, list[tuple[str, str, str]]]
     collectives: list[Collective]
     seed: str | None
     # Batch statistics (batch norm) computed per replica of a split placement, their placements, and the
     # data-dependent values written to variables (moving averages): what `tag run --check` must mirror.
     stat_ops: list[str] = field(default_factory=list)
-    stat_placements: list[tuple[int, ...]] = field(default_factory=list)  # rows per replica
+    stat_rows: tuple[int, ...] | str = ()  # rows per replica of their one placement, or why there is no one
     stat_writes: list[str] = field(default_factory=list)
 
 
@@ -134,7 +135,7 @@ class GraphBuilder:
             {n for n in self.kept if self.local(n) and self.placed.placements[self.placed.op_pid[n]].replicas > 1})
         return EmittedGraph(
             stat_ops=stat_ops,
-            stat_placements=sorted({self.placed.placements[self.placed.op_pid[n]].batches for n in stat_ops}),
+            stat_rows=self._stat_rows(stat_ops),
             stat_writes=stat_writes,
             graph_def=graph_def,
             input_tensors=list(self.step.input_tensors),
@@ -147,6 +148,17 @@ class GraphBuilder:
             seed=self.seed,
         )
 
+    def _stat_rows(self, stat_ops: list[str]) -> tuple[int, ...] | str:
+        """The rows per replica of the placement computing the batch statistics, when it is one placement
+        and the statistics stay inside it (a per-sub-batch reference then mirrors it exactly)."""
+        if not stat_ops:
+            return ()
+        pids = {self.placed.op_pid[n] for n in self.analysis.statistics_chain(stat_ops)
+                if n not in self.apply_ops and n not in self.writers}
+        if len(pids) > 1:
+            return "batch statistics are computed in, or used by, more than one placement"
+        return self.placed.placements[pids.pop()].batches
+
     def _order_collectives(self) -> None:
         """Launch each device's collectives in one fixed order (creation order is topological):
         NCCL deadlocks when devices start concurrent collectives in different orders."""
@@ -156,7 +168,7 @@ class GraphBuilder:
                 self.sink.by_name[c.node].input.append("^" + last[c.device])
             last[c.device] = c.node
 
-    def _init_block(self) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
+    def _init_block(self) -> tuple[list[str], dict[str, list[tuple[str, str, str]]]]:
         """`tag_init/value_i` feeds every copy of variable i, so replicas start identical."""
         from tensorflow.core.framework import node_def_pb2
 
@@ -169,16 +181,15 @@ class GraphBuilder:
             placeholder.device = self.devices[handles[0][0] if handles else 0]
             self.sink.append(placeholder)
             values.append(placeholder.name + ":0")
-            copies[variable.name] = [(h, self.devices[d]) for d, h in handles]
+            copies[variable.name] = []
             for d, h in handles:
                 name = f"{INIT_SCOPE}/assign_{i}/d{d}"
                 self.sink.add(name, "AssignVariableOp", [h, placeholder.name], self.devices[d],
                               {"dtype": ("type", variable.dtype)})
                 assigns.append(name)
+                copies[variable.name].append((h, self.devices[d], name))
         self.sink.add(f"{INIT_SCOPE}/all", "NoOp", ["^" + a for a in assigns], self.devices[0])
         return values, copies
-
-    # ---- analysis of the single-device step ---------------------------------------
 
     def _variable_homes(self) -> dict[str, set[int] | None]:
         """Devices holding a copy of each variable (None: unwritten, a copy wherever it is read)."""

@@ -39,6 +39,8 @@ class RunResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     lines: list[str] = field(default_factory=list)  # what was reported, as printed
+    reference: str | None = None  # what --check compared against
+    check_skipped: str | None = None  # why --check compared nothing
 
     @property
     def seconds_per_step(self) -> float | None:
@@ -172,6 +174,16 @@ def describe(event: dict, result: RunResult) -> list[str]:
     if kind == "start":
         where = "this machine's local TF servers" if not event.get("gpu_as_cpu") else "local TF servers (GPU devices as CPU)"
         return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}"]
+    if kind == "check":
+        if event.get("skipped"):
+            result.check_skipped = event["skipped"]
+            return [f"check skipped: the model computes batch statistics per replica ({event['statistics']} ops) "
+                    f"and {event['skipped']}; the steps run without comparison"]
+        result.reference = event["reference"]
+        if event.get("statistics"):
+            return [f"batch statistics are per replica ({event['statistics']} ops, as standard data parallelism "
+                    f"does); comparing with the {event['reference']}"]
+        return []
     if kind == "serving":
         return [f"task {event['task']} serving at {event['target']} (stop it when task 0 is done)"]
     if kind == "step":

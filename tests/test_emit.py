@@ -88,7 +88,7 @@ def test_allreduce_graph_has_weighted_replicas_and_collectives(mlp_allreduce):
     assert nodes["inputs"].attr["shape"].shape.dim[0].size == 8
     # Every variable has a copy on each replica device, all initialised from one placeholder.
     for copies in e.emitted.variable_copies.values():
-        assert len({device for _, device in copies}) == 4
+        assert len({device for _, device, _ in copies}) == 4
 
 
 def test_emitted_graph_imports_and_is_bigger(mlp_allreduce):

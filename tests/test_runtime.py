@@ -167,3 +167,58 @@ def test_run_cli_json(tmp_path, capsys):
     assert main(["run", str(out), "--steps", "2", "--check", "--json", "--timeout", "120"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and len(report["steps"]) == 2 and report["max_relative_difference"] <= 1e-4
+
+
+BN_MODEL = '''
+import keras
+
+def bn_cnn():
+    return keras.Sequential([
+        keras.Input((6, 6, 3)),
+        keras.layers.Conv2D(4, 3, name="conv"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.ReLU(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(5, activation="softmax", name="head"),
+    ])
+'''
+
+
+@pytest.fixture
+def bn_model(tmp_path):
+    path = tmp_path / "bn_models.py"
+    path.write_text(BN_MODEL)
+    return f"{path}:bn_cnn"
+
+
+@pytest.mark.timeout(300)
+def test_batch_norm_replicas_match_the_per_sub_batch_reference(tmp_path, bn_model):
+    emission = emit(resolve_model(bn_model, BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
+    assert emission.emitted.stat_ops and emission.emitted.stat_rows == (1, 2, 3, 2)
+    assert len(emission.emitted.stat_writes) == 2  # moving mean and variance
+    out = write_emission(emission, tmp_path / "emitted")
+    plan = json.loads((out / "plan.json").read_text())
+    assert set(plan["emission"]["batch_statistics"]["references"]) == {"1", "2", "3"}
+    lines: list[str] = []
+    result = run_emitted(out, steps=3, check=True, timeout=200, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert "each replica's rows [1, 2, 3, 2]" in result.reference
+    assert all(step["passed"] for step in result.steps)
+    # The conv bias before batch norm has a rounding-noise gradient: named, not compared.
+    assert any("not compared" in line and "sequential/conv/bias" in line for line in lines)
+
+
+@pytest.mark.timeout(300)
+def test_batch_norm_split_across_placements_skips_the_check_plainly(tmp_path, bn_model):
+    def cut_inside_bn(graph, topology):
+        groups = np.array([1 if "bn_1/batchnorm" in op.name else 0 for op in graph.ops])
+        return Strategy(groups, np.array([[1, 1], [1, 0]], dtype=bool), ["allreduce", "allreduce"], UNEVEN)
+
+    emission = emit(resolve_model(bn_model, BATCH), TWO_BY_TWO, cut_inside_bn, "cpu")
+    assert "more than one placement" in emission.emitted.stat_rows
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=200, echo=lines.append)
+    assert result.ok and result.check_skipped
+    assert any(line.startswith("check skipped:") for line in lines)
+    assert all("reference_loss" not in step for step in result.steps)
