@@ -338,9 +338,16 @@ def read_plan(path: str | Path) -> tuple[dict[str, Any], Strategy]:
     if not isinstance(plan, dict):
         raise TagInputError("--plan", f"{path} must hold a JSON object")
     try:
-        return plan, Strategy.from_dict(plan)
+        return plan, plan_strategy(plan)
     except TagInputError as exc:
         raise TagInputError(f"--plan {path}: {exc.where}", exc.problem) from None
+
+
+def plan_strategy(plan: dict[str, Any]) -> Strategy:
+    """The strategy a plan embeds (a bare strategy object is accepted too)."""
+    # Strategy.from_dict does not unwrap `tag plan` output: its top-level "groups" is a count.
+    embedded = plan.get("strategy")
+    return Strategy.from_dict(embedded if isinstance(embedded, dict) else plan)
 
 
 def plan_topology(plan: dict[str, Any], topology: Topology | None) -> Topology:
@@ -365,7 +372,7 @@ def emit_folder(spec: ModelSpec, out: str | Path, topology: Topology | None, str
         raise TagInputError("--out", f"{out} exists; pass --force to replace it")
     if plan is not None:
         try:
-            chosen: Strategy | str = Strategy.from_dict(plan)
+            chosen: Strategy | str = plan_strategy(plan)
         except TagInputError as exc:
             raise TagInputError(f"--plan: {exc.where}", exc.problem) from None
         topology = plan_topology(plan, topology)

@@ -222,3 +222,44 @@ def test_batch_norm_split_across_placements_skips_the_check_plainly(tmp_path, bn
     assert result.ok and result.check_skipped
     assert any(line.startswith("check skipped:") for line in lines)
     assert all("reference_loss" not in step for step in result.steps)
+
+
+@pytest.mark.timeout(600)
+def test_distributed_graph_asset_emits_the_latest_plan_and_checks_it(tmp_path, monkeypatch):
+    """A plan from the planner, stored; the asset writes its graph under $TAG_HOME/graphs and runs the check."""
+    from dagster import MultiPartitionKey, instance_for_test, materialize
+
+    from assets.emission import CHECK, distributed_graph, graph_folder
+    from tag_core import store
+    from tag_core.graph import capture
+    from tag_core.mcts import Budget
+    from tag_core.planner import plan
+    from tag_pipelines.partitions import model_partitions, topology_partitions
+    from tag_pipelines.resources import build_resources
+
+    monkeypatch.setenv("TAG_HOME", str(tmp_path / "tag_home"))
+    model = MODELS["mlp"]
+    spec = resolve_model(model)
+    planned = plan(capture(spec).graph, TWO_BY_TWO, None, budget=Budget(iterations=4), num_groups=4).to_dict()
+    with store.connect() as conn:
+        store.save_topology_snapshot(conn, "two2", TWO_BY_TWO.content_hash(), TWO_BY_TWO.to_dict(), None)
+        store.save_plan(conn, "plan-1", planned, source="test", topology_key="two2")
+    key = MultiPartitionKey({"model": model, "topology": "two2"})
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(model_partitions.name, [model])
+        instance.add_dynamic_partitions(topology_partitions.name, ["two2"])
+        result = materialize([distributed_graph], partition_key=key, instance=instance, resources=build_resources(),
+                             run_config={"ops": {"distributed_graph": {"config": {"device_kind": "cpu"}}}})
+    assert result.success
+    folder = graph_folder(spec.name, "two2")
+    assert (folder / "graph.pb").is_file() and folder.parent.parent == (tmp_path / "tag_home" / "graphs").resolve()
+    meta = result.asset_materializations_for_node("distributed_graph")[0].metadata
+    assert meta["plan_id"].value == "plan-1"
+    assert meta["emitted_ops"].value > meta["single_device_ops"].value
+    lineage = meta["lineage"].value
+    assert lineage["graph_hash"] == planned["lineage"]["graph_hash"]
+    assert lineage["topology_hash"] == TWO_BY_TWO.content_hash()
+    checks = result.get_asset_check_evaluations()
+    assert [c.check_name for c in checks] == [CHECK] and checks[0].passed
+    assert checks[0].metadata["ran"].value is True
+    assert checks[0].metadata["max_relative_difference"].value <= 1e-4

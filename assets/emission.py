@@ -1,0 +1,126 @@
+"""Stage 5: the distributed TF graph of each model × topology's latest plan, written to disk."""
+
+# No `from __future__ import annotations`: Dagster checks the `context` annotation
+# as a real type and rejects the string form.
+
+import hashlib
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Config,
+    DataVersion,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+from dagster_duckdb import DuckDBResource
+from pydantic import Field
+
+from tag_core import store
+from tag_core.captures import model_slug
+from tag_core.emit import Emission, emit_folder
+from tag_core.errors import TagInputError
+from tag_core.models import resolve_model
+from tag_core.runtime import run_emitted
+from tag_core.topology import parse_topology
+from tag_pipelines.errors import input_errors_as_failures
+from tag_pipelines.partitions import model_topology_partitions
+from tag_pipelines.resources import DUCKDB_POOL, open_store
+
+from .planning import deployment_plan
+
+CHECK = "graph_matches_single_device"
+
+
+class EmitConfig(Config):
+    device_kind: str = Field(default="gpu", description="gpu (the real cluster) or cpu (logical CPU devices).")
+    check_steps: int = Field(default=2, description="Steps the check runs on local TF servers.")
+    check_timeout_s: float = Field(default=600.0, description="Seconds the check may run.")
+    check_max_parameter_bytes: int = Field(default=64 * 2**20,
+                                           description="Models with more parameters are not run here.")
+    check_max_ops: int = Field(default=60_000, description="Emitted graphs with more ops are not run here.")
+
+
+def graph_folder(model: str, topology: str):
+    """$TAG_HOME/graphs/<model>/<topology>/ (the model as a file-system-safe name)."""
+    return (store.tag_home() / "graphs" / model_slug(model) / topology).resolve()
+
+
+@asset(
+    partitions_def=model_topology_partitions,
+    deps=[deployment_plan],
+    check_specs=[AssetCheckSpec(CHECK, asset="distributed_graph",
+                                description="Run on local TF servers, the emitted step computes the single-device "
+                                            "step: loss and every variable within 1e-4 (small models only).")],
+    group_name="emit",
+    pool=DUCKDB_POOL,
+    kinds={"tensorflow"},
+)
+def distributed_graph(context: AssetExecutionContext, duckdb: DuckDBResource, config: EmitConfig) -> MaterializeResult:
+    """The latest plan emitted as a TF GraphDef with its cluster spec, under $TAG_HOME/graphs/<model>/<topology>/."""
+    keys = context.partition_key.keys_by_dimension
+    model_key, topology_key = keys["model"], keys["topology"]
+    with input_errors_as_failures():
+        spec = resolve_model(model_key)
+        with open_store(duckdb) as conn:
+            latest = store.latest_plan(conn, spec.name, topology_key)
+            snapshot = store.latest_topology_snapshot(conn, topology_key)
+            profiles = store.load_profiles(conn, spec.name)
+        if latest is None:
+            raise TagInputError("plan", f"no plan for {spec.name} on {topology_key}; materialize deployment_plan")
+        if snapshot is None:
+            raise TagInputError("topology", f"{topology_key!r} has no recorded snapshot")
+        plan_id, plan = latest
+        topology = parse_topology(snapshot["snapshot"], source=topology_key)
+        out = graph_folder(spec.name, topology_key)
+        emission = emit_folder(spec, out, topology, plan=plan, device_kind=config.device_kind, force=True,
+                               profiles=None if profiles.empty else profiles)
+    summary = emission.summary()
+    check = graph_check(emission, out, config, context)
+    return MaterializeResult(
+        check_results=[check],
+        metadata={
+            "folder": MetadataValue.path(str(out)),
+            "plan_id": plan_id,
+            "emitted_ops": summary["emitted_ops"],
+            "single_device_ops": summary["single_device_ops"],
+            "collectives": summary["collectives"],
+            "device_kind": summary["device_kind"],
+            "emit_seconds": summary["emit_seconds"],
+            "placements": MetadataValue.json(summary["placements"]),
+            "notes": MetadataValue.json(emission.notes),
+            "lineage": MetadataValue.json({"plan_id": plan_id, **emission.lineage}),
+        },
+        data_version=DataVersion(_graph_version(out)),
+    )
+
+
+def _graph_version(out) -> str:
+    return hashlib.sha256((out / "graph.pb").read_bytes()).hexdigest()[:16]
+
+
+def graph_check(emission: Emission, out, config: EmitConfig, context: AssetExecutionContext) -> AssetCheckResult:
+    """Run the emitted step with --check when it is small enough to run here; otherwise say why not."""
+    parameter_bytes = emission.graph.parameter_bytes
+    ops = len(emission.emitted.graph_def.node)
+    too_big = (f"{parameter_bytes / 2**20:.0f} MiB of parameters (limit {config.check_max_parameter_bytes / 2**20:.0f})"
+               if parameter_bytes > config.check_max_parameter_bytes else
+               f"{ops} ops (limit {config.check_max_ops})" if ops > config.check_max_ops else None)
+    if too_big:
+        return AssetCheckResult(check_name=CHECK, passed=True,
+                                metadata={"ran": False, "reason": f"not run here: {too_big}"})
+    result = run_emitted(out, steps=config.check_steps, check=True, timeout=config.check_timeout_s,
+                         echo=context.log.info)
+    metadata = {"ran": True, "steps": len(result.steps), "report": MetadataValue.md("\n".join(
+        f"    {line}" for line in result.lines))}
+    if result.max_relative_difference is not None:
+        metadata["max_relative_difference"] = result.max_relative_difference
+    if result.reference:
+        metadata["reference"] = result.reference
+    if result.check_skipped:
+        metadata["check_skipped"] = result.check_skipped
+    if result.seconds_per_step is not None:
+        metadata["seconds_per_step"] = result.seconds_per_step
+    return AssetCheckResult(check_name=CHECK, passed=result.ok, metadata=metadata)
