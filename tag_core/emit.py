@@ -149,6 +149,7 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     machines = [d.machine for d in topology.devices]
     builder = GraphBuilder(traces, batch, graph, placed, device_names(topology, device_kind), machines)
     emitted = builder.build()
+    check_imports(emitted.graph_def)
     values = _initial_values(traces[batch], keras_objects)
     notes = list(placed.notes)
     if builder.seed is None and any(p.kind == "split" for p in placed.placements):
@@ -160,6 +161,17 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
                     graph=graph, placed=placed, emitted=emitted, reference=traces[batch], traces=traces,
                     initial_values=values,
                     lineage=lineage, seconds=time.perf_counter() - start, notes=notes)
+
+
+def check_imports(graph_def) -> None:
+    """TF must import what was built (names, inputs, attributes); anything else is an emitter bug."""
+    import tensorflow as tf
+
+    try:
+        with tf.Graph().as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+    except (ValueError, tf.errors.OpError) as exc:
+        raise RuntimeError(f"the emitted graph does not import into TensorFlow: {exc}") from exc
 
 
 def _initial_values(step: TracedStep, keras_objects) -> dict[str, np.ndarray]:

@@ -49,6 +49,12 @@ class RunResult:
         return sum(times) / len(times) if times else None
 
     @property
+    def reference_seconds_per_step(self) -> float | None:
+        """The single-device step's mean time after the first (with --check)."""
+        times = [s["reference_seconds"] for s in self.steps[1:] if "reference_seconds" in s]
+        return sum(times) / len(times) if times else None
+
+    @property
     def max_relative_difference(self) -> float | None:
         values = [s["max_relative_difference"] for s in self.steps if "max_relative_difference" in s]
         return max(values) if values else None

@@ -318,7 +318,9 @@ def run(args) -> int:
 
 
 def _compare(distributed: Distributed, reference: Reference, batch, loss: float, options, meta: dict) -> dict:
+    start = time.perf_counter()
     ref_loss = reference.step(batch)
+    ref_seconds = time.perf_counter() - start
     expected = reference.variables()
     worst = ("loss", relative_difference(np.array(loss), np.array(ref_loss)), "")
     copies = 0
@@ -335,7 +337,7 @@ def _compare(distributed: Distributed, reference: Reference, batch, loss: float,
         if v["name"] in reference.noise:
             distributed.assign(i, expected[i], options)
     compared = len(expected) - len(reference.noise)
-    return {"reference_loss": ref_loss, "compared": {"variables": compared, "copies": copies},
+    return {"reference_loss": ref_loss, "reference_seconds": ref_seconds, "compared": {"variables": compared, "copies": copies},
             "noise_gradient_variables": sorted(reference.noise),
             "max_relative_difference": worst[1], "worst": f"{worst[0]} {worst[2]}".strip(),
             "passed": worst[1] <= TOLERANCE}

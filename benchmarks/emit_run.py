@@ -1,0 +1,138 @@
+"""Emit time and run time per step of emitted graphs, for the models that run here.
+
+    python benchmarks/emit_run.py [--models mlp,small_cnn,...] [--markdown]
+
+Each model is emitted for data-parallel AllReduce (dp-nccl) and a mixed strategy on a
+2 machines x 2 GPUs topology (logical CPU devices), run for 4 steps with `--check` on
+local TF servers; raw figures go to benchmarks/emit_run.json and, with --markdown, the
+"Emitted graphs" section of benchmarks/results.md is rewritten (only that section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tag_core.emit import emit, write_emission  # noqa: E402
+from tag_core.models import resolve_model  # noqa: E402
+from tag_core.planner import make_groups  # noqa: E402
+from tag_core.runtime import run_emitted  # noqa: E402
+from tag_core.strategy import OPTIONS, Strategy  # noqa: E402
+from tag_core.topology import parse_topology  # noqa: E402
+
+MODELS = {
+    "mlp": ("mlp", 32),
+    "small_cnn": ("small_cnn", 16),
+    "transformer": ("transformer[layers=2,d_model=64,heads=4,ff=128,vocab=1000,seq_len=16]", 16),
+    "vgg19": ("vgg19[image_size=32,classes=10]", 16),
+    "mobilenet_v2": ("mobilenet_v2[image_size=32,classes=10]", 16),
+}
+TOPOLOGY = parse_topology({
+    "name": "2x2", "inter_gbps": 10,
+    "machines": [{"name": "a", "gpu": "V100-32GB", "count": 2, "intra_gbps": 100},
+                 {"name": "b", "gpu": "GTX1080Ti", "count": 2, "intra_gbps": 64}],
+})
+STEPS = 4
+SECTION = "## Emitted graphs (`benchmarks/emit_run.py`)"
+
+
+def mixed(graph, topology) -> Strategy:
+    """METIS groups taking the four options in turn, on both machines or one."""
+    groups = make_groups(graph, None, 8)
+    masks = [[1, 1], [1, 0], [0, 1]]
+    options = [OPTIONS[g % 4] for g in range(groups.num_groups)]
+    chosen = [masks[(g // 4 + g) % 3] for g in range(groups.num_groups)]
+    return Strategy(groups.assignment, np.array(chosen, dtype=bool), options, np.array([1.0, 2.0, 3.0, 2.0]),
+                    name="mixed")
+
+
+def measure(key: str, strategy) -> dict:
+    reference, batch = MODELS[key]
+    spec = resolve_model(reference, batch)
+    emission = emit(spec, TOPOLOGY, strategy, "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        out = write_emission(emission, Path(tmp) / "emitted")
+        write_s = time.perf_counter() - start
+        result = run_emitted(out, steps=STEPS, check=True, timeout=1800)
+    s = emission.summary()
+    return {
+        "model": key, "reference": reference, "batch": batch, "strategy": s["strategy"],
+        "single_device_ops": s["single_device_ops"], "emitted_ops": s["emitted_ops"],
+        "collectives": s["collectives"], "emit_s": emission.seconds, "write_s": write_s,
+        "step_ms": None if result.seconds_per_step is None else result.seconds_per_step * 1e3,
+        "single_device_step_ms": (None if result.reference_seconds_per_step is None
+                                  else result.reference_seconds_per_step * 1e3),
+        "max_relative_difference": result.max_relative_difference, "ok": result.ok,
+        "reference_kind": result.reference, "error": result.error,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [SECTION, "",
+             "Written by `python benchmarks/emit_run.py --markdown`; raw figures in `benchmarks/emit_run.json`.",
+             f"Machine: {platform.machine()}, 2 cores shared with other engineers' jobs (timings can be off by 2x).",
+             f"Topology: 2 machines x 2 GPUs emitted with logical CPU devices (`--device-kind cpu`); "
+             f"{STEPS} steps on local TF servers with `--check`. \"emit s\" is tracing at every sub-batch size, "
+             "placing and building the GraphDef (with its import check); \"step ms\" is the mean distributed "
+             "step after the first, \"1-device ms\" the single-device step on the same data.",
+             "",
+             "| model | batch | strategy | ops (1 device) | ops emitted | collectives | emit s | write s "
+             "| step ms | 1-device ms | max rel. diff | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        step = "-" if r["step_ms"] is None else f"{r['step_ms']:.1f}"
+        single = "-" if r["single_device_step_ms"] is None else f"{r['single_device_step_ms']:.1f}"
+        diff = "-" if r["max_relative_difference"] is None else f"{r['max_relative_difference']:.1e}"
+        lines.append(f"| {r['reference']} | {r['batch']} | {r['strategy']} | {r['single_device_ops']:,} | "
+                     f"{r['emitted_ops']:,} | {r['collectives']} | {r['emit_s']:.1f} | {r['write_s']:.1f} | {step} | "
+                     f"{single} | {diff} | {'pass' if r['ok'] else 'FAIL'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    """Replace this script's section of results.md (up to the next '## '), or append it."""
+    path = ROOT / "benchmarks" / "results.md"
+    current = path.read_text() if path.exists() else "# Benchmark results\n\nEach section is written by the benchmark script it names.\n"
+    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: text + "\n", current)
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text
+    path.write_text(updated)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for key in args.models.split(","):
+        for strategy in ("dp-nccl", mixed):
+            row = measure(key, strategy)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    raw = ROOT / "benchmarks" / "emit_run.json"
+    previous = json.loads(raw.read_text()) if raw.exists() else []
+    keep = [r for r in previous if r["model"] not in {row["model"] for row in rows}]
+    rows = sorted(keep + rows, key=lambda r: (list(MODELS).index(r["model"]), r["strategy"]))
+    raw.write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        write_section(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
