@@ -1,0 +1,142 @@
+"""The MCTS prior hook built from a checkpoint, and how `tag plan` / `deployment_plan` pick a prior.
+
+`GnnPrior(net)(state)` featurizes the node's state (static features built once per
+evaluator), runs the network and returns one probability per action, mixed with a
+small uniform floor so that MCTS can still reach an action the network dislikes.
+
+`choose_prior(kind, checkpoint)`:
+  - "uniform": no network.
+  - "gnn": the given checkpoint, else the default one; any problem is a TagInputError
+    (the user asked for the GNN, so a silent fallback would hide a wrong setup).
+  - None (the default): the GNN when a default checkpoint exists and loads; uniform when
+    there is none; uniform *with a warning* when it exists but is unusable.
+The default checkpoint is $TAG_GNN_CHECKPOINT if set (empty: none), else the one
+shipped in data/checkpoints/default.pt.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import TagInputError
+
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "default.pt"
+UNIFORM_FLOOR = 0.05  # share of probability spread uniformly over all actions
+PRIOR_KINDS = ("gnn", "uniform")
+
+
+class GnnPrior:
+    """A `tag_core.mcts.Prior`: SearchState -> probabilities over the state's actions."""
+
+    def __init__(self, net, floor: float = UNIFORM_FLOOR, checkpoint_hash: str | None = None):
+        import torch
+
+        torch.set_num_threads(1)  # graphs of ~100 nodes: threads only add overhead (and fight for the cores)
+        self.net = net.eval()
+        self.floor = float(floor)
+        self.checkpoint_hash = checkpoint_hash
+        self._features = None
+        self.calls, self.seconds = 0, 0.0
+
+    def features(self, evaluator):
+        """Static features of `evaluator`'s problem, rebuilt when the evaluator or its action space changes."""
+        from .features import ProblemFeatures
+
+        pf = self._features
+        if pf is None or pf.evaluator is not evaluator or pf.space_size != evaluator.space.size:
+            pf = self._features = ProblemFeatures(evaluator)
+        return pf
+
+    def sample(self, state):
+        return self.features(state.evaluator).sample(state.actions, state.depth, state.group, state.sim_result())
+
+    def probabilities(self, samples: list) -> list[np.ndarray]:
+        """The network's own distribution (no floor) for each sample."""
+        import torch
+
+        from .model import collate
+
+        with torch.no_grad():
+            logp = self.net(collate(samples)).numpy().astype(np.float64)
+        out, start = [], 0
+        for s in samples:
+            k = len(s.action_x)
+            out.append(np.exp(logp[start:start + k]))
+            start += k
+        return out
+
+    def __call__(self, state) -> np.ndarray:
+        clock = time.perf_counter()
+        p = self.probabilities([self.sample(state)])[0]
+        if not np.all(np.isfinite(p)) or p.sum() <= 0:
+            raise RuntimeError(f"GNN prior produced non-finite probabilities (checkpoint {self.checkpoint_hash})")
+        p = (1.0 - self.floor) * p / p.sum() + self.floor / len(p)
+        self.calls += 1
+        self.seconds += time.perf_counter() - clock
+        return p
+
+
+@dataclass
+class PriorChoice:
+    kind: str  # "gnn" or "uniform"
+    prior: GnnPrior | None
+    checkpoint: Path | None = None
+    checkpoint_hash: str | None = None
+    warning: str | None = None  # set when the default checkpoint was unusable and uniform priors stand in
+    training: dict[str, Any] = field(default_factory=dict)
+
+    def lineage(self) -> dict[str, Any]:
+        """Plan lineage entries: `checkpoint` fills the plans table's checkpoint_hash column."""
+        return {"prior": self.kind, "checkpoint": self.checkpoint_hash,
+                "checkpoint_file": str(self.checkpoint) if self.checkpoint else None}
+
+
+def default_checkpoint() -> Path | None:
+    env = os.environ.get("TAG_GNN_CHECKPOINT")
+    if env is not None:
+        return Path(env) if env.strip() else None
+    return SHIPPED_CHECKPOINT
+
+
+def load_prior(path: str | Path, where: str = "--checkpoint") -> PriorChoice:
+    """The GNN prior of a checkpoint file; TagInputError when the file is unusable."""
+    try:
+        from .checkpoint import load_checkpoint
+    except ImportError as exc:  # dgl or torch not importable
+        raise TagInputError(where, f"the GNN prior needs torch and dgl: {exc}") from None
+    ckpt = load_checkpoint(path, where=where)
+    return PriorChoice("gnn", GnnPrior(ckpt.net, checkpoint_hash=ckpt.short_hash), Path(path), ckpt.short_hash,
+                       training=ckpt.training)
+
+
+def choose_prior(kind: str | None = None, checkpoint: str | Path | None = None) -> PriorChoice:
+    """See the module docstring for the rules."""
+    if kind is not None and kind not in PRIOR_KINDS:
+        raise TagInputError("--prior", f"must be one of {', '.join(PRIOR_KINDS)}, got {kind!r}")
+    if kind == "uniform":
+        if checkpoint is not None:
+            raise TagInputError("--checkpoint", "only applies to --prior gnn")
+        return PriorChoice("uniform", None)
+    if checkpoint is not None:  # an explicit file must work, whatever `kind`
+        return load_prior(checkpoint, "--checkpoint")
+    path = default_checkpoint()
+    if kind == "gnn":
+        if path is None:
+            raise TagInputError("--prior", "gnn needs a checkpoint: pass --checkpoint or set TAG_GNN_CHECKPOINT")
+        return load_prior(path, "--prior gnn")
+    if path is None:
+        return PriorChoice("uniform", None)
+    if not path.exists():
+        # The shipped file missing just means "no GNN yet"; a TAG_GNN_CHECKPOINT that names nothing is a mistake.
+        note = None if path == SHIPPED_CHECKPOINT else f"TAG_GNN_CHECKPOINT: {path} does not exist; uniform priors"
+        return PriorChoice("uniform", None, warning=note)
+    try:
+        return load_prior(path, "default GNN checkpoint")
+    except TagInputError as exc:
+        return PriorChoice("uniform", None, warning=f"{exc}; planning with uniform priors instead")
