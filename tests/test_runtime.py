@@ -263,3 +263,13 @@ def test_distributed_graph_asset_emits_the_latest_plan_and_checks_it(tmp_path, m
     assert [c.check_name for c in checks] == [CHECK] and checks[0].passed
     assert checks[0].metadata["ran"].value is True
     assert checks[0].metadata["max_relative_difference"].value <= 1e-4
+
+
+@pytest.mark.timeout(300)
+def test_a_gpu_graph_runs_here_on_cpu_devices(tmp_path):
+    emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, "ps", "gpu")
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=120, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert "GPU devices as CPU" in lines[0]
