@@ -1,0 +1,115 @@
+"""Markdown and figures for benchmarks/generalization.py (kept apart so the runner stays short)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_topologies(part: dict, path: Path, cap: int = 200) -> None:
+    """Empirical CDF of MCTS iterations to beat DP-NCCL, GNN vs uniform priors."""
+    plt = _pyplot()
+    rows = [r for r in part["rows"] if "skipped" not in r]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for key, color in (("gnn", "#4C72B0"), ("uniform", "#DD8452")):
+        its = np.sort([r[key] if r[key] is not None else cap + 1 for r in rows])
+        ax.step(its, np.arange(1, len(its) + 1) / len(its), where="post", label=key, color=color)
+    ax.set_xscale("log")
+    ax.set_xlim(0.9, cap + 2)
+    ax.set_xlabel(f"MCTS iterations until a plan beats DP-NCCL (>{cap}: not found)")
+    ax.set_ylabel("share of random topologies")
+    ax.legend()
+    ax.set_title(f"{len(rows)} unseen random topologies")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def figure_models(part: dict, path: Path) -> None:
+    """Plan time of the network that never saw the model over the one that did."""
+    plt = _pyplot()
+    rows = part["rows"]
+    labels = [f"{r['model']}\n{r['topology']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(7, 0.7 * len(rows)), 4))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["unseen"] / r["seen"] for r in rows], 0.4, label="unseen / seen", color="#4C72B0")
+    ax.bar(x + 0.2, [r["uniform"] / r["seen"] for r in rows], 0.4, label="uniform / seen", color="#DD8452")
+    ax.axhline(1.05, color="grey", linestyle="--", linewidth=1, label="goal: within 5%")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("plan iteration time relative to the seen network")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_markdown(data: dict, path: Path) -> None:
+    lines = ["# GNN generalisation (`benchmarks/generalization.py`)", ""]
+    notes = data.get("notes", {})
+    topo = data.get("topologies")
+    if topo:
+        s = topo["summary"]
+        lines += [
+            "## Unseen topologies (TAG paper Table VII)", "",
+            f"{s['cases']} random topologies (seeds from 1,000,000; training used seeds 0-63), a random zoo model "
+            f"each; MCTS in the DP-NCCL strategy space until a plan beats DP-NCCL, cap 200. "
+            f"Checkpoint `{topo['checkpoint']}`; {topo['wall_s'] / 60:.1f} min. Figure: "
+            "`generalization_topologies.png`.", "",
+            "| prior | median | mean | p90 | found at iteration 1 | not found in 200 |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for key in ("gnn", "uniform"):
+            v = s[key]
+            lines.append(f"| {key} | {v['median']:g} | {v['mean']:.1f} | {v['p90']:.1f} | {v['first_iteration']} "
+                         f"| {v['not_found']} |")
+        ratio = s["uniform"]["median"] / max(s["gnn"]["median"], 1e-9)
+        lines += ["", f"Goal (GNN median at most 1/5 of uniform's): **{'met' if s['goal_met'] else 'not met'}** "
+                      f"(uniform/GNN median ratio {ratio:.2f}). GNN inference: "
+                      f"{s['gnn_inference_ms_per_call']:.1f} ms per MCTS node expansion.", ""]
+        if notes.get("topologies"):
+            lines += [notes["topologies"], ""]
+    models = data.get("models")
+    if models:
+        lines += [
+            "## Unseen models (TAG paper Table VIII)", "",
+            f"Leave-one-out networks ({models['generations']} generations each, same seed) against one trained on "
+            f"all six; `plan()` with {models['iterations']} MCTS iterations. Figure: `generalization_models.png`.", "",
+            "| model | topology | DP-NCCL ms | seen ms | unseen ms | uniform ms | unseen / seen |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in models["rows"]:
+            lines.append(f"| {r['model']} | {r['topology']} | {r['dp_nccl'] * 1e3:.2f} | {r['seen'] * 1e3:.2f} | "
+                         f"{r['unseen'] * 1e3:.2f} | {r['uniform'] * 1e3:.2f} | {r['unseen_over_seen']:.3f} |")
+        lines += ["", f"Worst unseen/seen {models['max_ratio']:.3f}, mean {models['mean_ratio']:.3f}; goal (within 5%): "
+                      f"**{'met' if models['goal_met'] else 'not met'}**. {models['wall_s'] / 60:.1f} min.", ""]
+        if notes.get("models"):
+            lines += [notes["models"], ""]
+    costs = data.get("costs")
+    if costs:
+        m = costs.get("metrics", {})
+        wall = costs.get("training_wall_s") or 0.0
+        lines += [
+            "## Costs", "",
+            f"- checkpoint `{costs['checkpoint']}`: {costs['checkpoint_bytes'] / 1e6:.2f} MB "
+            f"({costs['parameters']:,} parameters, Adam state included)",
+            f"- training: {wall / 60:.1f} min on one CPU thread, {costs['generations']} generations, "
+            f"{costs['episodes']} MCTS searches, {costs['examples']} examples",
+            f"- final training metrics (mean of the last 5 generations): loss {m.get('loss')}, top-1 agreement "
+            f"{m.get('top1_before_training')}, best-plan speedup over DP-NCCL {m.get('speedup_vs_dp')}",
+            "",
+        ]
+        if notes.get("costs"):
+            lines += [notes["costs"], ""]
+    rss = data.get("peak_rss_mib", {})
+    if rss:
+        lines += ["Peak RSS (MiB) per part: " + ", ".join(f"{k} {v:.0f}" for k, v in rss.items()), ""]
+    path.write_text("\n".join(lines))
