@@ -46,6 +46,10 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=_seed, default=0, help="search seed (default 0)")
     parser.add_argument("--groups", type=positive_int, default=60, help="METIS op groups (default 60)")
     parser.add_argument("--warm-start", metavar="PLAN_JSON", help="start the search from a previous plan file")
+    parser.add_argument("--prior", choices=("gnn", "uniform"),
+                        help="MCTS priors: the GNN (default when a checkpoint is present) or uniform")
+    parser.add_argument("--checkpoint", metavar="CKPT", help="GNN checkpoint for --prior gnn (default: "
+                                                             "$TAG_GNN_CHECKPOINT, else data/checkpoints/default.pt)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--out", metavar="PLAN_JSON", help="write the plan JSON to this file (atomically)")
     parser.set_defaults(run=run)
@@ -56,6 +60,7 @@ def run(args) -> int:
     from ..captures import ensure_captured
     from ..errors import TagInputError
     from ..files import write_atomically
+    from ..gnn.prior import choose_prior
     from ..mcts import Budget
     from ..models import resolve_model
     from ..planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
@@ -67,6 +72,9 @@ def run(args) -> int:
         out_dir = Path(args.out).parent
         require(out_dir.is_dir(), "--out", f"directory {str(out_dir)!r} does not exist")
     warm = _read_plan(args.warm_start) if args.warm_start else None
+    prior = choose_prior(args.prior, args.checkpoint)  # before the slow steps: a bad checkpoint fails fast
+    if prior.warning:
+        print(f"tag: warning: {prior.warning}", file=sys.stderr)
     spec = resolve_model(args.model)
     batch = args.batch_size or spec.batch_size
     conn = open_store(args)
@@ -86,7 +94,7 @@ def run(args) -> int:
     try:
         result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
                       seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True,
-                      lineage={"warm_start_from": args.warm_start})
+                      prior=prior.prior, lineage={"warm_start_from": args.warm_start, **prior.lineage()})
     except TagInputError as exc:
         if exc.where == "strategy" or exc.where.startswith(("groups", "batch_shares", "op_groups")):
             raise TagInputError(f"--warm-start {args.warm_start}: {exc.where}", exc.problem) from None
@@ -134,6 +142,9 @@ def format_table(data: dict, actions: list[str]) -> str:
     first = search["first_better_than_dp_iteration"]
     lines.append(f"search: {search['iterations']} iterations, {search['simulations']} simulations, "
                  f"{search['wall_s']:.1f} s; better than DP-NCCL from iteration {first if first else 'never'}")
+    lineage = data.get("lineage", {})
+    if lineage.get("prior"):
+        lines.append(f"priors: {lineage['prior']}" + (f" (checkpoint {lineage['checkpoint']})" if lineage.get("checkpoint") else ""))
     counts = Counter(actions)
     lines.append("groups: " + ", ".join(f"{n} x {a}" for a, n in counts.most_common()))
     return "\n".join(lines)
