@@ -25,6 +25,7 @@ from pydantic import Field
 
 from tag_core import store
 from tag_core.errors import TagInputError
+from tag_core.gnn.prior import pipeline_prior
 from tag_core.grouping import DEFAULT_GROUPS, OpGroups
 from tag_core.mcts import Budget
 from tag_core.models import resolve_model
@@ -54,6 +55,8 @@ class PlanConfig(Config):
     seed: int = Field(default=0, description="Search seed.")
     batch_size: Optional[int] = Field(default=None, description="Global batch (default: the model's).")
     warm_start: bool = Field(default=True, description="Start from this model × topology's previous plan.")
+    prior: str = Field(default="auto", description="MCTS priors: gnn, uniform, or auto (the GNN when a checkpoint "
+                                                   "exists: gnn_checkpoint's, else the shipped one).")
 
 
 @asset(
@@ -157,9 +160,13 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
             groups = OpGroups.from_json(stored_groups["groups"])
         budget = (Budget(seconds=config.budget_seconds) if config.budget_seconds
                   else Budget(iterations=config.budget_iterations))
+        prior = pipeline_prior(config.prior)
+        if prior.warning:
+            context.log.warning(prior.warning)
         result = plan(graph, topology, profiles, batch_size=config.batch_size, groups=groups, budget=budget,
                       seed=config.seed, warm_start=previous[1] if previous else None, profile_hash=profile_hash,
-                      lineage={"warm_start_from": previous[0] if previous else None})
+                      prior=prior.prior, lineage={"warm_start_from": previous[0] if previous else None,
+                                                  **prior.lineage()})
         data = result.to_dict()
         plan_id = uuid.uuid4().hex[:16]
         with open_store(duckdb) as conn:

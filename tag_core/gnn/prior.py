@@ -140,3 +140,18 @@ def choose_prior(kind: str | None = None, checkpoint: str | Path | None = None) 
         return load_prior(path, "default GNN checkpoint")
     except TagInputError as exc:
         return PriorChoice("uniform", None, warning=f"{exc}; planning with uniform priors instead")
+
+
+def trained_checkpoint() -> Path:
+    """Where the `gnn_checkpoint` asset writes: $TAG_HOME/gnn/checkpoint.pt."""
+    from ..store import tag_home
+
+    return tag_home() / "gnn" / "checkpoint.pt"
+
+
+def pipeline_prior(kind: str = "auto") -> PriorChoice:
+    """The deployment_plan asset's prior: the `gnn_checkpoint` asset's file when it exists, else `choose_prior`."""
+    kind_or_none = None if kind == "auto" else kind
+    if kind_or_none != "uniform" and trained_checkpoint().exists():
+        return load_prior(trained_checkpoint(), "gnn_checkpoint")
+    return choose_prior(kind_or_none)

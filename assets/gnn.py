@@ -1,0 +1,79 @@
+"""The GNN checkpoint: trains (or fine-tunes) the network that gives MCTS its priors.
+
+Unpartitioned, and materialized by hand: training takes minutes of CPU, so no
+upstream change starts it (its automation condition never fires: it has no deps).
+It reads the captured graphs and profiles of the configured models from the store and
+writes $TAG_HOME/gnn/checkpoint.pt, which deployment_plan then prefers over the
+shipped data/checkpoints/default.pt.
+"""
+
+# No `from __future__ import annotations`: Dagster checks the `context` annotation
+# as a real type and rejects the string form.
+
+from typing import List, Optional
+
+from dagster import AssetExecutionContext, AutomationCondition, Config, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster_duckdb import DuckDBResource
+from pydantic import Field
+
+from tag_core import store
+from tag_core.errors import TagInputError
+from tag_core.models import BENCHMARK_MODELS, resolve_model
+from tag_core.plots import markdown_image
+from tag_pipelines.errors import input_errors_as_failures
+from tag_pipelines.resources import DUCKDB_POOL, open_store
+
+
+class GnnTrainConfig(Config):
+    models: List[str] = Field(default=list(BENCHMARK_MODELS), description="Captured models to train on.")
+    minutes: float = Field(default=10.0, description="Wall-clock budget of this run.")
+    generations: Optional[int] = Field(default=None, description="Stop after this many generations in all.")
+    topologies: int = Field(default=64, description="Random training topologies (seeds 0..N-1).")
+    seed: int = Field(default=0, description="Training seed.")
+    fine_tune: bool = Field(default=True, description="Continue from the previous checkpoint when there is one.")
+
+
+@asset(group_name="plan", pool=DUCKDB_POOL, kinds={"pytorch"},
+       automation_condition=AutomationCondition.any_deps_updated())
+def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, config: GnnTrainConfig) -> MaterializeResult:
+    """GNN weights ($TAG_HOME/gnn/checkpoint.pt) trained AlphaZero-style on MCTS visit counts, with its curve."""
+    from tag_core.gnn.checkpoint import load_checkpoint
+    from tag_core.gnn.prior import trained_checkpoint
+    from tag_core.gnn.problems import ModelSource
+    from tag_core.gnn.train import TrainConfig, curve_png, train
+
+    with input_errors_as_failures():
+        path = trained_checkpoint()
+        resume = load_checkpoint(path, where="gnn_checkpoint") if config.fine_tune and path.exists() else None
+        names = [resolve_model(m).name for m in config.models]
+        with open_store(duckdb) as conn:
+            missing = [n for n in names if store.captured_model(conn, n) is None]
+            if missing:
+                raise TagInputError("models", f"not captured yet: {', '.join(missing)} (materialize training_graph)")
+            loaded = {n: (store.load_op_graph(conn, n), store.load_profiles(conn, n)) for n in names}
+        cfg = TrainConfig(models=names, minutes=config.minutes, generations=config.generations,
+                          topologies=config.topologies, seed=config.seed)
+        sources = {n: ModelSource.build(n, g, p, cfg.groups) for n, (g, p) in loaded.items()}
+        digest, training, metrics = train(cfg, sources, path, resume=resume, show_progress=False,
+                                          log=context.log.info)
+    curve = curve_png(metrics)
+    return MaterializeResult(
+        metadata={
+            "path": MetadataValue.path(str(path)),
+            "checkpoint_hash": digest[:16],
+            "size_mb": path.stat().st_size / 1e6,
+            "generations": training["generations"],
+            "searches": training["episodes"],
+            "examples": training["examples"],
+            "training_minutes": training["wall_s"] / 60,
+            "fine_tuned_from": resume.short_hash if resume is not None else "none",
+            "loss": metrics["loss"] if metrics["loss"] is not None else MetadataValue.text("-"),
+            "top1_agreement": metrics["top1_before_training"] if metrics["top1_before_training"] is not None
+            else MetadataValue.text("-"),
+            "speedup_vs_dp": metrics["speedup_vs_dp"] if metrics["speedup_vs_dp"] is not None
+            else MetadataValue.text("-"),
+            "training_curve": MetadataValue.md(markdown_image(curve, "training curve")),
+            "curve": MetadataValue.json(metrics["curve"]),
+        },
+        data_version=DataVersion(digest[:16]),
+    )
