@@ -130,3 +130,27 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bool = False, steps: int = 10,
+               progress: bool = False):
+    """Plan fusion for a captured model; optionally tune it per pattern and time the step in every mode."""
+    import tempfile
+    from pathlib import Path
+
+    from .captures import load_step
+    from .fusion import plan_fusion
+    from .fusion_tune import tune_plan
+
+    graph_def = load_step(step_file).graph_def
+    plan = plan_fusion(graph, graph_def, gpu)
+    if tune:
+        plan = tune_plan(plan, graph_def, progress=progress)
+    if measure:
+        with tempfile.TemporaryDirectory() as folder:
+            plan_file = Path(folder) / "fusion.json"
+            plan_file.write_text(json.dumps(plan.to_json()))
+            modes = measure_modes(spec.name, spec.batch_size, step_file, str(plan_file), steps=steps)
+        plan.measured["step_ms"] = {mode: result["step_ms"] for mode, result in modes.items()}
+        plan.measured["kernels_per_step"] = {mode: result["kernels"] for mode, result in modes.items()}
+    return plan

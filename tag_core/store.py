@@ -52,6 +52,9 @@ SCHEMA = [
         graph_hash TEXT, profile_hash TEXT, groups_hash TEXT, topology_hash TEXT, checkpoint_hash TEXT,
         code_version TEXT, seed INTEGER, budget JSON, warm_start_from TEXT, plan JSON NOT NULL,
         created_at TIMESTAMP DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS fusion_plans (
+        model TEXT PRIMARY KEY, graph_hash TEXT NOT NULL, patterns INTEGER, ops_fused INTEGER,
+        kernels_before INTEGER, kernels_after INTEGER, plan JSON NOT NULL, created_at TIMESTAMP DEFAULT current_timestamp)""",
     """CREATE TABLE IF NOT EXISTS topology_retirements (
         topology TEXT PRIMARY KEY, content_hash TEXT, retired_at TIMESTAMP DEFAULT current_timestamp)""",
     # Which snapshot, profile set, groups and checkpoint made each plan, and whether each is still current.
@@ -359,3 +362,22 @@ def current_plans(conn) -> pd.DataFrame:
         "QUALIFY row_number() OVER (PARTITION BY p.model, p.topology ORDER BY p.created_at DESC, p.plan_id) = 1 "
         "ORDER BY p.model, p.topology"
     ).df()
+
+
+def save_fusion_plan(conn, model: str, graph_hash: str, plan: dict) -> None:
+    with transaction(conn):
+        conn.execute("DELETE FROM fusion_plans WHERE model = ?", [model])
+        conn.execute(
+            "INSERT INTO fusion_plans (model, graph_hash, patterns, ops_fused, kernels_before, kernels_after, plan) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [model, graph_hash, len(plan["patterns"]), plan["ops_fused"], plan["kernels_before"],
+             plan["kernels_after"], json.dumps(plan)],
+        )
+
+
+def load_fusion_plan(conn, model: str, graph_hash: str | None = None) -> dict | None:
+    """The stored fusion plan JSON of `model` (only if made for `graph_hash`, when given)."""
+    row = conn.execute("SELECT graph_hash, plan FROM fusion_plans WHERE model = ?", [model]).fetchone()
+    if row is None or (graph_hash is not None and row[0] != graph_hash):
+        return None
+    return json.loads(row[1])

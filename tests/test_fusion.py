@@ -102,3 +102,30 @@ def test_xla_marked_step_computes_the_same(transformer):
             losses[mode] = [float(session.run([step.loss_tensor, step.train_ops], feed_dict=feed)[0]) for _ in range(3)]
     assert losses["plain"][0] > losses["plain"][-1]  # it trains
     np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_fusion_plan_asset_stores_the_plan_and_measures(tag_home):
+    from dagster import instance_for_test, materialize
+
+    from assets.capture import training_graph
+    from assets.fusion import fusion_plan
+    from tag_core import store
+    from tag_pipelines.partitions import model_partitions
+    from tag_pipelines.resources import build_resources
+
+    model = "mlp[features=16,hidden=16]"
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(model_partitions.name, [model])
+        # Untuned, so the plan keeps its patterns whatever XLA does on this CPU today.
+        config = {"ops": {"fusion_plan": {"config": {"steps": 2, "tune": False}}}}
+        result = materialize([training_graph, fusion_plan], partition_key=model, instance=instance,
+                             resources=build_resources(), run_config=config)
+    assert result.success
+    meta = result.asset_materializations_for_node("fusion_plan")[0].metadata
+    assert meta["kernels_after"].value < meta["kernels_before"].value
+    assert "| tag |" in meta["measured"].value and "| autocluster |" in meta["measured"].value
+    with store.connect(read_only=True) as conn:
+        stored = store.load_fusion_plan(conn, model, store.captured_model(conn, model)["graph_hash"])
+    assert stored["ops_fused"] == meta["ops_fused"].value
+    assert set(stored["measured"]["step_ms"]) == {"tf", "autocluster", "jit", "tag"}

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-
 from ._common import open_store, positive_int, print_json
 
 
@@ -24,8 +20,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from .. import store
-    from ..captures import ensure_captured, load_step
-    from ..fusion import plan_fusion
+    from ..captures import ensure_captured
+    from ..fusion_measure import fuse_model
     from ..gpu_catalog import lookup_gpu
     from ..models import resolve_model
 
@@ -37,21 +33,8 @@ def run(args) -> int:
         step_file = store.captured_model(conn, spec.name)["step_file"]
     finally:
         conn.close()
-    graph_def = load_step(step_file).graph_def
-    plan = plan_fusion(graph, graph_def, gpu)
-    if args.tune or args.measure:
-        from ..fusion_tune import tune_plan
-
-        plan = tune_plan(plan, graph_def, progress=not args.json)
-    if args.measure:
-        from ..fusion_measure import measure_modes
-
-        with tempfile.TemporaryDirectory() as folder:
-            plan_file = Path(folder) / "fusion.json"
-            plan_file.write_text(json.dumps(plan.to_json()))
-            modes = measure_modes(spec.name, spec.batch_size, step_file, str(plan_file), steps=args.steps)
-        plan.measured["step_ms"] = {mode: result["step_ms"] for mode, result in modes.items()}
-        plan.measured["kernels_per_step"] = {mode: result["kernels"] for mode, result in modes.items()}
+    plan = fuse_model(spec, graph, step_file, gpu, tune=args.tune or args.measure, measure=args.measure,
+                      steps=args.steps, progress=not args.json)
     data = plan.to_json()
     if args.json:
         print_json(data)
