@@ -17,6 +17,7 @@ The folder is written beside its destination and renamed into place: it is never
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -141,13 +142,18 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     elif callable(strategy):
         strategy = strategy(graph, topology)
     placed = place_ops(graph, topology, strategy, profiles, batch)
-    for p in placed.placements:
-        for b in p.batches:
-            traced(b)
-    if len(traces) < 2:
-        traced(batch + 1)
+    kept = {op.name for op in graph.ops}
+    for pid, p in enumerate(placed.placements):
+        if p.kind == "split":
+            rows = _traceable_rows(list(p.batches), lambda b: kept <= {n.name for n in traced(b).graph_def.node})
+            if tuple(rows) != p.batches:
+                placed.notes.append(f"rows {list(p.batches)} became {rows}: the step traced at "
+                                    f"{sorted(set(p.batches) - set(rows))} rows has other ops")
+                placed.placements[pid] = dataclasses.replace(p, batches=tuple(rows))
+    used = {b for p in placed.placements for b in p.batches} | {batch, batch + 1}  # batch + 1: the probe
+    used_traces = {b: traced(b) for b in sorted(used)}
     machines = [d.machine for d in topology.devices]
-    builder = GraphBuilder(traces, batch, graph, placed, device_names(topology, device_kind), machines)
+    builder = GraphBuilder(used_traces, batch, graph, placed, device_names(topology, device_kind), machines)
     emitted = builder.build()
     check_imports(emitted.graph_def)
     values = _initial_values(traces[batch], keras_objects)
@@ -158,9 +164,26 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     lineage = {"graph_hash": graph.content_hash() if batch == captured_batch else None,
                "topology_hash": topology.content_hash(), **({} if plan is None else plan.get("lineage") or {})}
     return Emission(spec=spec, topology=topology, strategy=strategy, device_kind=device_kind, batch_size=batch,
-                    graph=graph, placed=placed, emitted=emitted, reference=traces[batch], traces=traces,
+                    graph=graph, placed=placed, emitted=emitted, reference=traces[batch], traces=used_traces,
                     initial_values=values,
                     lineage=lineage, seconds=time.perf_counter() - start, notes=notes)
+
+
+def _traceable_rows(rows: list[int], traceable: Callable[[int], bool]) -> list[int]:
+    """Rows per replica whose traces have the step's ops: a size that traces differently (Keras takes
+    other paths at batch 1) gets a row from the largest replica until every size is fine."""
+    rows = list(rows)
+    for _ in range(sum(rows)):
+        bad = [i for i, r in enumerate(rows) if not traceable(r)]
+        if not bad:
+            return rows
+        donor = max(range(len(rows)), key=lambda j: (rows[j], -j))
+        if donor == bad[0] or rows[donor] <= 1:
+            break
+        rows[bad[0]] += 1
+        rows[donor] -= 1
+    raise TagInputError("plan", f"no split of the batch near {rows} traces to the same ops as the whole batch; "
+                                f"use fewer replicas or a larger batch")
 
 
 def check_imports(graph_def) -> None:

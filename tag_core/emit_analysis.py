@@ -21,7 +21,10 @@ from .graph import PASS_THROUGH
 from .trace import INIT_SCOPE, TracedStep
 
 BATCH, PARTIAL, STAT, INVARIANT = "batch", "partial", "stat", "invariant"
-READ_TYPES = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape"}
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+# Ops that change a variable. Others that take a handle (reads, gathers, loops and function calls
+# over variables) only read it.
+WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter", "ResourceStridedSliceAssign")
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,11 @@ class StepAnalysis:
                     self.consumers[src].append(name)
         resources = {n: [s for s, i in self.inputs[n] if i >= 0 and s in self.handles] for n in kept}
         self.resources = {n: hs for n, hs in resources.items() if hs}  # ops taking variable handles
-        self.writers = {n for n in self.resources if self.base[n].op not in READ_TYPES}
+        self.writers = {n for n in self.resources if self.base[n].op.startswith(WRITE_PREFIXES)}
+        # Random draws: every copy draws the whole batch from the same seed and keeps its rows, so
+        # replicas see exactly the single-device step's numbers (dropout masks).
+        self.random = {n for n in kept if "Random" in self.base[n].op or "Multinomial" in self.base[n].op
+                       or self.base[n].op in ("TruncatedNormal", "StatelessTruncatedNormalV2")}
         self.seed = self._find_seed()
         self.variant, self.seeded = self._flags()
 
@@ -89,7 +96,8 @@ class StepAnalysis:
     def _flags(self) -> tuple[set[str], set[str]]:
         variant, seeded = set(self.input_nodes), {self.seed} if self.seed else set()
         for name in self.order:
-            sources = [s for s, i in self.inputs[name] if i >= 0]
+            # A variable handle is the same whatever the data, even when it passes through a loop.
+            sources = [s for s, i in self.inputs[name] if i >= 0 and self._dtype(s, i) != "resource"]
             if any(s in variant for s in sources):
                 variant.add(name)
             if any(s in seeded for s in sources):
@@ -113,6 +121,10 @@ class StepAnalysis:
             return TensorFacts(dtype, tuple(shape), STAT)
         return TensorFacts(dtype, tuple(shape), INVARIANT)
 
+    def _dtype(self, name: str, index: int) -> str | None:
+        outputs = self.step.output_shapes.get(name, [])
+        return outputs[index][1] if index < len(outputs) else None
+
     def carries_batch(self, name: str) -> bool:
         return any(a[0] != b[0] for a, b in zip(self.step.output_shapes.get(name, []),
                                                 self.probe.output_shapes.get(name, [])))
@@ -122,8 +134,9 @@ class StepAnalysis:
         (batch norm's moments), and the data-dependent values variables are assigned (moving averages)."""
         ops = []
         for name in sorted(candidates & self.variant - self.seeded):
-            kinds = [self.facts(name, i).kind for i in range(len(self.step.output_shapes.get(name, [])))]
-            if STAT in kinds and (BATCH in kinds or any(self.carries_batch(c) for c in self.consumers[name])):
+            facts = [self.facts(name, i) for i in range(len(self.step.output_shapes.get(name, [])))]
+            stat = any(f.kind == STAT and f.dtype in FLOATS for f in facts)  # not loop state (variant)
+            if stat and (any(f.kind == BATCH for f in facts) or any(self.carries_batch(c) for c in self.consumers[name])):
                 ops.append(name)
         writes = []
         for name in sorted(self.writers):

@@ -38,7 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 
-from .emit_analysis import BATCH, INVARIANT, PARTIAL, STAT, StepAnalysis, TensorFacts
+from .emit_analysis import BATCH, FLOATS, INVARIANT, PARTIAL, STAT, StepAnalysis, TensorFacts
 from .emit_nodes import NodeSink, parse_input, tensor_name
 from .emit_place import SPLIT, OpPlacements
 from .errors import TagInputError
@@ -89,8 +89,9 @@ class GraphBuilder:
                  devices: list[str], machines: list[int]):
         self.batch = batch
         self.step = traces[self.batch]
-        probe = next(b for b in sorted(traces) if b != self.batch)
+        probe = self.batch + 1 if self.batch + 1 in traces else next(b for b in sorted(traces) if b != self.batch)
         self.probe = traces[probe]
+        self.all_traces = traces
         self.traces = {b: {n.name: n for n in t.graph_def.node if not n.name.startswith(INIT_SCOPE + "/")}
                        for b, t in traces.items()}
         self.placed, self.devices, self.machines = placed, devices, machines
@@ -129,7 +130,7 @@ class GraphBuilder:
 
         graph_def = tf.compat.v1.GraphDef()
         graph_def.versions.CopyFrom(self.step.graph_def.versions)
-        graph_def.library.CopyFrom(self.step.graph_def.library)
+        _merge_libraries(graph_def, [self.step] + [t for b, t in sorted(self.all_traces.items()) if b != self.batch])
         graph_def.node.extend(self.sink.nodes)
         stat_ops, stat_writes = self.analysis.batch_statistics(
             {n for n in self.kept if self.local(n) and self.placed.placements[self.placed.op_pid[n]].replicas > 1})
@@ -214,7 +215,8 @@ class GraphBuilder:
 
     def local(self, name: str) -> bool:
         placement = self.placed.placements[self.placed.op_pid[name]]
-        return placement.kind == SPLIT and name not in self.apply_ops and name not in self.writers
+        return (placement.kind == SPLIT and name not in self.apply_ops and name not in self.writers
+                and name not in self.analysis.random)
 
     def contexts(self, name: str) -> list[Context]:
         pid = self.placed.op_pid[name]
@@ -369,7 +371,7 @@ class GraphBuilder:
         return self.converted[key]
 
     def _need_float(self, facts: TensorFacts, src: str, index: int) -> None:
-        if facts.dtype not in ("float16", "bfloat16", "float32", "float64"):
+        if facts.dtype not in FLOATS:
             raise TagInputError("plan", f"tensor {tensor_name(src, index)} ({facts.dtype}) depends on how the batch "
                                         f"is split and cannot be combined across copies; keep its producer and "
                                         f"consumers in one group")
@@ -392,3 +394,17 @@ class GraphBuilder:
         return self.reduced[key]
 
 
+def _merge_libraries(graph_def, traces: list[TracedStep]) -> None:
+    """Functions (loop bodies, calls) of every trace a copy came from: each names its own."""
+    names: set[str] = set()
+    gradients: set[str] = set()
+    for trace in traces:
+        library = trace.graph_def.library
+        for function in library.function:
+            if function.signature.name not in names:
+                names.add(function.signature.name)
+                graph_def.library.function.add().CopyFrom(function)
+        for gradient in library.gradient:
+            if gradient.function_name not in gradients:
+                gradients.add(gradient.function_name)
+                graph_def.library.gradient.add().CopyFrom(gradient)

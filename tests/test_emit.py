@@ -245,3 +245,12 @@ def test_bad_arguments_exit_2(tag_home, tmp_path, two_by_two, capsys, extra, mes
     assert main(_emit_args(tmp_path, *extra)) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_rows_move_away_from_batch_sizes_that_trace_differently():
+    from tag_core.emit import _traceable_rows
+
+    assert _traceable_rows([1, 2, 3, 2], lambda b: b != 1) == [2, 2, 2, 2]
+    assert _traceable_rows([3, 5], lambda b: True) == [3, 5]
+    with pytest.raises(TagInputError, match="no split of the batch"):
+        _traceable_rows([1, 1], lambda b: b != 1)

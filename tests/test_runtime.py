@@ -169,8 +169,15 @@ def test_run_cli_json(tmp_path, capsys):
     assert report["ok"] and len(report["steps"]) == 2 and report["max_relative_difference"] <= 1e-4
 
 
-BN_MODEL = '''
+USER_MODELS = '''
 import keras
+
+def dropout_mlp():  # random masks: every replica must draw the single-device step's
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dropout(0.5), keras.layers.Dense(4, activation="softmax")])
+
+def lstm():  # a while loop over the sequence, with its function library and variable handles
+    return keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(8), keras.layers.Dense(4, activation="softmax")])
 
 def bn_cnn():
     return keras.Sequential([
@@ -185,10 +192,27 @@ def bn_cnn():
 
 
 @pytest.fixture
-def bn_model(tmp_path):
-    path = tmp_path / "bn_models.py"
-    path.write_text(BN_MODEL)
-    return f"{path}:bn_cnn"
+def user_models(tmp_path):
+    path = tmp_path / "user_models.py"
+    path.write_text(USER_MODELS)
+    return path
+
+
+@pytest.fixture
+def bn_model(user_models):
+    return f"{user_models}:bn_cnn"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("builder", ["dropout_mlp", "lstm"])
+def test_dropout_and_loops_match_the_single_device_step(tmp_path, user_models, builder):
+    emission = emit(resolve_model(f"{user_models}:{builder}", BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
+    assert not emission.emitted.stat_ops  # neither computes batch statistics
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=200, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert result.reference == "single-device step" and all(step["passed"] for step in result.steps)
 
 
 @pytest.mark.timeout(300)
