@@ -9,7 +9,7 @@ from pathlib import Path
 from ._common import open_store, positive_int, require
 
 # Defaults of the options that --resume may take from the checkpoint instead.
-_DEFAULTS = {"topologies": 64, "seed": 0, "episodes": 6, "iterations": 80}
+_DEFAULTS = {"topologies": 64, "seed": 0, "episodes": 6, "iterations": 100}
 
 
 def _positive_float(text: str) -> float:

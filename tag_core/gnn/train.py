@@ -53,8 +53,8 @@ class TrainConfig:
     minutes: float | None = 10.0
     generations: int | None = None
     episodes: int = 6  # searches per generation
-    iterations: int = 80  # MCTS iterations per search
-    min_visits: int = 6  # visits a node needs to become an example
+    iterations: int = 100  # MCTS iterations per search
+    min_visits: int = 10  # visits a node needs to become an example (fewer: targets mostly echo the prior)
     epochs: int = 3
     batch_size: int = 16
     lr: float = 1e-3
@@ -63,6 +63,10 @@ class TrainConfig:
     groups: int = DEFAULT_GROUPS
     noise: float = 0.25  # share of Dirichlet noise in the root prior
     alpha: float = 0.3
+    # Share of uniform probability mixed into every prior while training. Without it PUCT
+    # hardly visits what the network dislikes, the visit counts echo the network, and
+    # training collapses onto its own first guesses; with it visits follow the rewards.
+    explore: float = 0.3
     model: dict = field(default_factory=lambda: ModelConfig().to_dict())
 
     def __post_init__(self) -> None:
@@ -97,15 +101,15 @@ def _seed(*parts: int) -> int:
 class _Recorder:
     """The prior hook during training: featurize, remember the sample per tree path, add root noise."""
 
-    def __init__(self, prior: GnnPrior, rng: np.random.Generator, noise: float, alpha: float):
-        self.prior, self.rng, self.noise, self.alpha = prior, rng, noise, alpha
+    def __init__(self, prior: GnnPrior, rng: np.random.Generator, cfg: TrainConfig):
+        self.prior, self.rng, self.noise, self.alpha, self.explore = prior, rng, cfg.noise, cfg.alpha, cfg.explore
         self.samples: dict[tuple[int, ...], GraphSample] = {}
 
     def __call__(self, state) -> np.ndarray:
         sample = self.prior.sample(state)
         self.samples[state.decided] = sample
         p = self.prior.probabilities([sample])[0]
-        p = (1 - self.prior.floor) * p + self.prior.floor / len(p)
+        p = (1 - self.explore) * p + self.explore / len(p)
         if state.depth == 0 and self.noise > 0:
             p = (1 - self.noise) * p + self.noise * self.rng.dirichlet(np.full(len(p), self.alpha))
         return p
@@ -126,7 +130,7 @@ def run_episode(net: PolicyNet, sources: dict[str, ModelSource], cfg: TrainConfi
             continue
     else:
         return None
-    recorder = _Recorder(GnnPrior(net), rng, cfg.noise, cfg.alpha)
+    recorder = _Recorder(GnnPrior(net), rng, cfg)
     search = problem.search(seed=_seed(cfg.seed, generation, episode, 1), prior=recorder)
     result = search.run(Budget(iterations=cfg.iterations))
     examples = []
