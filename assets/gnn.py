@@ -30,6 +30,8 @@ class GnnTrainConfig(Config):
     generations: Optional[int] = Field(default=None, description="Stop after this many generations in all.")
     topologies: int = Field(default=64, description="Random training topologies (seeds 0..N-1).")
     seed: int = Field(default=0, description="Training seed.")
+    episodes: int = Field(default=6, description="MCTS searches per generation.")
+    iterations: int = Field(default=100, description="MCTS iterations per search.")
     fine_tune: bool = Field(default=True, description="Continue from the previous checkpoint when there is one.")
 
 
@@ -52,7 +54,8 @@ def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, confi
                 raise TagInputError("models", f"not captured yet: {', '.join(missing)} (materialize training_graph)")
             loaded = {n: (store.load_op_graph(conn, n), store.load_profiles(conn, n)) for n in names}
         cfg = TrainConfig(models=names, minutes=config.minutes, generations=config.generations,
-                          topologies=config.topologies, seed=config.seed)
+                          topologies=config.topologies, seed=config.seed, episodes=config.episodes,
+                          iterations=config.iterations)
         sources = {n: ModelSource.build(n, g, p, cfg.groups) for n, (g, p) in loaded.items()}
         digest, training, metrics = train(cfg, sources, path, resume=resume, show_progress=False,
                                           log=context.log.info)
