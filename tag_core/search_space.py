@@ -126,9 +126,12 @@ class Evaluator:
             for g in mp.tolist():
                 ops, devs = self._split(g, int(actions[g] // k))
                 op_devices[ops] = devs
-        return Strategy(self.groups.assignment, self.space.masks[actions // k], [OPTIONS[a % k] for a in actions],
-                        self.shares, fusion_bytes=self.fusion_bytes, overlap=self.overlap, op_devices=op_devices,
-                        name=name)
+        # Op groups that share an action become one strategy group: the same plan, but gradient
+        # fusion buckets (which the simulator closes at group boundaries) may then span them.
+        distinct, merged = np.unique(actions, return_inverse=True)
+        return Strategy(merged[self.groups.assignment], self.space.masks[distinct // k],
+                        [OPTIONS[a % k] for a in distinct.tolist()], self.shares, fusion_bytes=self.fusion_bytes,
+                        overlap=self.overlap, op_devices=op_devices, name=name)
 
     def _split(self, group: int, mask: int) -> tuple[np.ndarray, np.ndarray]:
         """Model parallelism: METIS splits the group's ops over the mask's devices, one part per

@@ -183,3 +183,21 @@ def test_oom_plans_score_minus_one_and_are_never_the_answer_when_a_fitting_plan_
     mcts = Mcts(ev, 1.0, 1.0, seed=0, config=MctsConfig(default=mp))
     result = mcts.run(Budget(iterations=20))
     assert not result.oom and np.isfinite(result.time_s)
+
+
+def test_groups_sharing_an_action_become_one_strategy_group():
+    from tag_core.baselines import HOROVOD_FUSION_BYTES, baseline
+
+    sim, grp, space, _ = _setup()
+    ev = Evaluator(sim, grp, space, np.ones(sim.num_devices), fusion_bytes=HOROVOD_FUSION_BYTES, overlap=True)
+    uniform = ev.strategy(np.full(grp.num_groups, space.all_machines))
+    assert uniform.num_groups == 1 and not uniform.op_groups.any()
+    # The same plan as Horovod's, so the same simulated time: fusion buckets span the op groups.
+    assert sim.run(uniform).iteration_time_s == pytest.approx(sim.run(baseline("horovod", sim)).iteration_time_s)
+    ps = space.all_machines + OPTIONS.index("ps")
+    actions = np.full(grp.num_groups, space.all_machines)
+    actions[1::2] = ps
+    mixed = ev.strategy(actions)
+    assert mixed.num_groups == 2
+    for op, g in enumerate(grp.assignment):
+        assert mixed.options[mixed.op_groups[op]] == ("ps" if g % 2 else "allreduce")

@@ -102,10 +102,11 @@ def test_warm_start_maps_a_plan_onto_a_changed_topology():
     same = warm_start_actions(previous, g, _mixed(), first.groups, ActionSpace.build(sim, device_speed(sim)))
     assert [a for a in first.actions] == [ActionSpace.build(sim, device_speed(sim)).describe(a) for a in same]
     # slow1 leaves and the machines come in another order: masks map by machine name.
-    old = Strategy.from_dict(previous["strategy"])
-    old.masks[:] = True
-    old.masks[0], old.options[0] = [False, True, False], "duplicate"  # only on slow1
-    old.masks[1], old.options[1] = [False, False, True], "ps"  # only on slow2
+    G = first.groups.num_groups
+    masks = np.ones((G, 3), dtype=bool)
+    masks[0], masks[1] = [False, True, False], [False, False, True]  # only on slow1; only on slow2
+    options = ["duplicate", "ps"] + ["allreduce"] * (G - 2)
+    old = Strategy(first.groups.assignment, masks, options, np.ones(6), extra={"machines": ["fast", "slow1", "slow2"]})
     smaller = topology(("slow2", "T4", 2, 50.0), ("fast", "V100-32GB", 2, 100.0), inter_gbps=10.0)
     sim = Simulator(g, smaller, prof)
     space = ActionSpace.build(sim, device_speed(sim))
