@@ -6,9 +6,10 @@ Steps:
 2. METIS op groups (`make_groups`, unless given: the `op_groups` asset passes its own).
 3. Strategy-wide settings, fixed before the search because they apply to every group:
    batch shares (device speed, as DP-NCCL-P, or equal) × gradient fusion (none, or
-   Horovod's 64 MiB buckets), picked by simulating the all-machines AllReduce plan under
-   each; gradient sync always overlaps the backward pass (TAG emits its own graph).
-   If all four run out of memory the search runs in out-of-memory mode: undecided
+   Horovod's 64 MiB buckets) × gradient sync overlapping the backward pass or not,
+   picked by simulating the all-machines AllReduce plan under each. The eight include
+   DP-NCCL, DP-NCCL-P and Horovod themselves, so the search starts from the best of them.
+   If all eight run out of memory the search runs in out-of-memory mode: undecided
    groups default to model-parallel on every machine. If even that does not fit, the
    model fits no device set: TagInputError with the memory needed against the cluster's.
 4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
@@ -214,13 +215,15 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
     for shares_name, shares in (("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))):
         for fusion in (0, HOROVOD_FUSION_BYTES):
-            ev = Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=True, speed=speed)
-            score = ev.score(np.full(G, allreduce))
-            tried.append(((score.oom, score.time_s), ev, {"batch_shares": shares_name, "fusion_bytes": fusion}))
+            for overlap in (True, False):
+                ev = Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=overlap, speed=speed)
+                score = ev.score(np.full(G, allreduce))
+                tried.append(((score.oom, score.time_s), ev,
+                              {"batch_shares": shares_name, "fusion_bytes": fusion, "overlap": overlap}))
     spent = len(tried)
     key, ev, settings = min(tried, key=lambda t: t[0])
     if not key[0]:
-        return ev, spent - 1, allreduce, {**settings, "overlap": True, "out_of_memory_mode": False}
+        return ev, spent - 1, allreduce, {**settings, "out_of_memory_mode": False}
     ev = Evaluator(sim, groups, space, speed / speed.sum(), fusion_bytes=0, overlap=True, speed=speed)
     mp = allreduce - OPTIONS.index("allreduce") + MODEL_PARALLEL
     score: Score = ev.score(np.full(G, mp))

@@ -55,7 +55,7 @@ def test_plan_json_carries_every_field_and_beats_the_baselines():
     assert 0 < data["ideal_time_s"] <= tag
     assert data["oom"] is False
     assert data["search"]["iterations"] == 30  # the default plan, scored first, is iteration 1
-    assert 1 <= data["search"]["simulations"] <= data["search"]["iterations"] + 4
+    assert 1 <= data["search"]["simulations"] <= data["search"]["iterations"] + 8
     # The strategy round-trips and re-simulates to the reported time.
     strategy = Strategy.from_dict(data["strategy"])
     sim = Simulator(g, _mixed(), prof)
@@ -79,8 +79,8 @@ def test_plan_is_deterministic_for_a_seed():
 
 def test_mcmc_gets_the_same_simulation_budget():
     _, _, p = _plan()
-    mcts_sims = p.simulations - 3  # three of the four setting probes are not MCTS's
-    assert p.mcmc.simulations == mcts_sims
+    assert p.mcmc.simulations == p.evaluator.simulations
+    assert p.simulations == p.evaluator.simulations + 7  # seven of the eight setting probes are not MCTS's
     assert p.baselines["mcmc"] == p.mcmc.time_s
 
 
