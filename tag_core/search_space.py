@@ -8,7 +8,7 @@ vectors into Strategies and simulates each distinct one once.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -162,7 +162,8 @@ class Evaluator:
         return hit
 
     def result(self, actions: np.ndarray) -> SimResult:
-        """The full SimResult of an action vector (simulated again if no longer kept)."""
+        """The full SimResult of an action vector (simulated again if no longer kept), with
+        `group_makespan_s` and `group_idle_after_s` per op group."""
         key = np.asarray(actions, dtype=np.int64).tobytes()
         result = self._recent.get(key)
         if result is None:
@@ -171,10 +172,23 @@ class Evaluator:
                 self.simulations += 1
                 self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
             self._remember(key, result)
+            result = self._recent[key]
         return result
 
+    def _per_op_group(self, result: SimResult) -> SimResult:
+        """The result with per-group figures for the planner's op groups (the strategy merges
+        groups that share an action; a prior hook wants one row per op group)."""
+        g, G = self.groups.assignment, self.groups.num_groups
+        start = np.full(G, np.inf)
+        end = np.zeros(G)
+        np.minimum.at(start, g, result.op_start_s)
+        np.maximum.at(end, g, result.op_end_s)
+        makespan = np.where(np.isinf(start), 0.0, end - np.where(np.isinf(start), 0.0, start))
+        idle = np.bincount(g, weights=result.op_idle_after_s, minlength=G)
+        return replace(result, group_makespan_s=makespan, group_idle_after_s=idle)
+
     def _remember(self, key: bytes, result: SimResult) -> None:
-        self._recent[key] = result
+        self._recent[key] = self._per_op_group(result)
         if len(self._recent) > self._keep:
             self._recent.popitem(last=False)
 

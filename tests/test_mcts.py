@@ -201,3 +201,14 @@ def test_groups_sharing_an_action_become_one_strategy_group():
     assert mixed.num_groups == 2
     for op, g in enumerate(grp.assignment):
         assert mixed.options[mixed.op_groups[op]] == ("ps" if g % 2 else "allreduce")
+
+
+def test_results_for_prior_hooks_have_one_row_per_op_group():
+    sim, grp, space, ev = _setup()
+    actions = np.full(grp.num_groups, space.all_machines)  # one strategy group...
+    result = ev.result(actions)
+    assert result.group_makespan_s.shape == result.group_idle_after_s.shape == (grp.num_groups,)  # ...six rows
+    for g in range(grp.num_groups):
+        ops = grp.members(g)
+        assert result.group_makespan_s[g] == pytest.approx(result.op_end_s[ops].max() - result.op_start_s[ops].min())
+        assert result.group_idle_after_s[g] == pytest.approx(result.op_idle_after_s[ops].sum())
