@@ -1,11 +1,15 @@
 """Emit time and run time per step of emitted graphs, for the models that run here.
 
     python benchmarks/emit_run.py [--models mlp,small_cnn,...] [--markdown]
+    python benchmarks/emit_run.py --models none --cluster-plan vgg19:plan.json:examples/topologies/testbed.json --markdown
 
 Each model is emitted for data-parallel AllReduce (dp-nccl) and a mixed strategy on a
 2 machines x 2 GPUs topology (logical CPU devices), run for 4 steps with `--check` on
 local TF servers; raw figures go to benchmarks/emit_run.json and, with --markdown, the
 "Emitted graphs" section of benchmarks/results.md is rewritten (only that section).
+
+`--cluster-plan MODEL:PLAN:TOPOLOGY` emits a plan from `tag plan` for its real (GPU) cluster,
+checks that TF imports it and records the op counts and emit time (too big to run here).
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tag_core.emit import emit, write_emission  # noqa: E402
+from tag_core.emit import emit, read_plan, write_emission  # noqa: E402
 from tag_core.models import resolve_model  # noqa: E402
 from tag_core.planner import make_groups  # noqa: E402
 from tag_core.runtime import run_emitted  # noqa: E402
 from tag_core.strategy import OPTIONS, Strategy  # noqa: E402
-from tag_core.topology import parse_topology  # noqa: E402
+from tag_core.topology import load_topology, parse_topology  # noqa: E402
 
 MODELS = {
     "mlp": ("mlp", 32),
@@ -79,7 +83,32 @@ def measure(key: str, strategy) -> dict:
     }
 
 
-def markdown(rows: list[dict]) -> str:
+def measure_cluster_plan(text: str) -> dict:
+    """Emit a `tag plan` plan for its GPU cluster (not run): op counts and emit time."""
+    import tensorflow as tf
+
+    model, plan_file, topology_file = text.split(":")
+    plan, _ = read_plan(plan_file)
+    topology = load_topology(topology_file)
+    emission = emit(resolve_model(model), topology, _strategy(plan), "gpu", plan=plan)
+    start = time.perf_counter()
+    with tf.Graph().as_default():
+        tf.compat.v1.import_graph_def(emission.emitted.graph_def, name="")
+    s = emission.summary()
+    kinds = [g["option"] for g in plan["strategy"]["groups"]]
+    return {"model": model, "topology": topology.name, "devices": topology.num_devices, "batch": s["batch_size"],
+            "plan": ", ".join(f"{kinds.count(o)} x {o}" for o in dict.fromkeys(kinds)),
+            "single_device_ops": s["single_device_ops"], "emitted_ops": s["emitted_ops"],
+            "collectives": s["collectives"], "emit_s": emission.seconds, "import_s": time.perf_counter() - start}
+
+
+def _strategy(plan: dict):
+    from tag_core.emit import plan_strategy
+
+    return plan_strategy(plan)
+
+
+def markdown(rows: list[dict], cluster_rows: list[dict]) -> str:
     lines = [SECTION, "",
              "Written by `python benchmarks/emit_run.py --markdown`; raw figures in `benchmarks/emit_run.json`.",
              f"Machine: {platform.machine()}, 2 cores shared with other engineers' jobs (timings can be off by 2x).",
@@ -98,6 +127,17 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['reference']} | {r['batch']} | {r['strategy']} | {r['single_device_ops']:,} | "
                      f"{r['emitted_ops']:,} | {r['collectives']} | {r['emit_s']:.1f} | {r['write_s']:.1f} | {step} | "
                      f"{single} | {diff} | {'pass' if r['ok'] else 'FAIL'} |")
+    if cluster_rows:
+        lines += ["", "Plans from `tag plan MODEL --topology FILE --out plan.json`, emitted for their GPU cluster "
+                      "(`--device-kind gpu`) and imported by TF; too big to run here.", "",
+                  "| model | topology | devices | batch | plan groups | ops (1 device) | ops emitted | ratio "
+                  "| collectives | emit s | TF import s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in cluster_rows:
+            lines.append(f"| {r['model']} | {r['topology']} | {r['devices']} | {r['batch']} | {r['plan']} | "
+                         f"{r['single_device_ops']:,} | {r['emitted_ops']:,} | "
+                         f"{r['emitted_ops'] / r['single_device_ops']:.1f}x | {r['collectives']} | "
+                         f"{r['emit_s']:.1f} | {r['import_s']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,20 +157,29 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--cluster-plan", action="append", default=[], metavar="MODEL:PLAN:TOPOLOGY")
     args = parser.parse_args()
     rows = []
-    for key in args.models.split(","):
+    for key in [m for m in args.models.split(",") if m in MODELS]:
         for strategy in ("dp-nccl", mixed):
             row = measure(key, strategy)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    cluster_rows = [measure_cluster_plan(text) for text in args.cluster_plan]
+    for row in cluster_rows:
+        print(json.dumps(row), flush=True)
     raw = ROOT / "benchmarks" / "emit_run.json"
-    previous = json.loads(raw.read_text()) if raw.exists() else []
-    keep = [r for r in previous if r["model"] not in {row["model"] for row in rows}]
+    previous = json.loads(raw.read_text()) if raw.exists() else {}
+    if isinstance(previous, list):  # the first version kept only runs
+        previous = {"runs": previous}
+    previous = {"runs": [], "cluster_plans": [], **previous}
+    keep = [r for r in previous["runs"] if r["model"] not in {row["model"] for row in rows}]
     rows = sorted(keep + rows, key=lambda r: (list(MODELS).index(r["model"]), r["strategy"]))
-    raw.write_text(json.dumps(rows, indent=1))
+    cluster_keys = {(r["model"], r["topology"]) for r in cluster_rows}
+    cluster_rows = [r for r in previous["cluster_plans"] if (r["model"], r["topology"]) not in cluster_keys] + cluster_rows
+    raw.write_text(json.dumps({"runs": rows, "cluster_plans": cluster_rows}, indent=1))
     if args.markdown:
-        write_section(markdown(rows))
+        write_section(markdown(rows, cluster_rows))
     return 0
 
 

@@ -186,10 +186,12 @@ def describe(event: dict, result: RunResult) -> list[str]:
             return [f"check skipped: the model computes batch statistics per replica ({event['statistics']} ops) "
                     f"and {event['skipped']}; the steps run without comparison"]
         result.reference = event["reference"]
+        lines = [f"checking each step against the {event['reference']}, from the same variables: after each "
+                 f"comparison every copy restarts from the reference's values"]
         if event.get("statistics"):
-            return [f"batch statistics are per replica ({event['statistics']} ops, as standard data parallelism "
-                    f"does); comparing with the {event['reference']}"]
-        return []
+            lines.append(f"  batch statistics are per replica ({event['statistics']} ops), as standard data "
+                         f"parallelism does")
+        return lines
     if kind == "serving":
         return [f"task {event['task']} serving at {event['target']} (stop it when task 0 is done)"]
     if kind == "step":
@@ -203,9 +205,16 @@ def describe(event: dict, result: RunResult) -> list[str]:
                  f"{compared['variables']} variables ({compared['copies']} copies): max relative difference "
                  f"{event['max_relative_difference']:.2e} at {event['worst']} [{verdict}]"]
         noise = event.get("noise_gradient_variables") or []
-        if noise and len(result.steps) == 1:
+        partly = event.get("noise_elements") or {"variables": 0, "elements": 0}
+        shown = {name for step in result.steps[:-1] for name in step.get("noise_gradient_variables") or []}
+        if noise and set(noise) - shown:
             lines.append(f"  not compared: {len(noise)} variables whose reference gradient is rounding noise "
-                         f"(under 1e-6 of the largest; Adam scales it up): {', '.join(noise)}")
+                         f"(under 1e-6 of the step's largest, or not reproduced when summed in another order; "
+                         f"Adam scales it up): {', '.join(noise)}")
+        if partly["elements"]:
+            lines.append(f"  not compared: {partly['elements']} elements of {partly['variables']} variables whose "
+                         f"gradient float32 does not determine (it moves by over 1e-5 when the batch is summed in "
+                         f"another order); they restart from the reference's values each step")
         return lines
     if kind == "error":
         result.error = _error_message(event)

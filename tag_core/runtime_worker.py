@@ -22,12 +22,6 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 LEADER = "/job:worker/replica:0/task:0"
-TOLERANCE = 1e-4
-# A gradient this small next to the largest one is rounding noise (e.g. attention key biases, whose
-# exact gradient is zero); Adam divides it by its own size, so the updates it makes differ at full scale.
-NOISE_GRADIENT = 1e-6
-
-
 def report(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}, default=float), flush=True)
 
@@ -96,13 +90,13 @@ class Distributed:
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
-            self.reads = []  # (variable index, device, tensor) for every copy of every variable
+            self.reads = []  # (variable index, copy index, tensor) for every copy of every variable
             for i, v in enumerate(meta["variables"]):
-                for handle, device, _ in v["copies"]:
+                for j, (handle, device, _) in enumerate(v["copies"]):
                     with tf.device(device):
                         tensor = tf.raw_ops.ReadVariableOp(resource=self.graph.get_tensor_by_name(handle + ":0"),
                                                            dtype=tf.as_dtype(v["dtype"]))
-                    self.reads.append((i, device, tensor))
+                    self.reads.append((i, j, tensor))
         self.session = tf.compat.v1.Session(target, graph=self.graph, config=_config(soft=soft))
 
     def initialise(self, values: list[np.ndarray], options) -> None:
@@ -114,120 +108,10 @@ class Distributed:
         loss, _ = self.session.run([self.meta["loss_tensor"], self.meta["train_op"]], feed_dict=feed, options=options)
         return float(loss)
 
-    def assign(self, index: int, value: np.ndarray, options) -> None:
-        """Set every copy of variable `index` to `value`."""
-        assigns = [assign for _, _, assign in self.meta["variables"][index]["copies"]]
-        self.session.run(assigns, feed_dict={self.meta["init_values"][index]: value}, options=options)
-
-    def variables(self, options) -> list[tuple[int, str, np.ndarray]]:
+    def variables(self, options) -> list[tuple[int, int, np.ndarray]]:
+        """(variable index, copy index, value) of every copy."""
         values = self.session.run([t for _, _, t in self.reads], options=options)
-        return [(i, d, v) for (i, d, _), v in zip(self.reads, values)]
-
-
-class _Step:
-    """One traced single-device step in its own session on this process's CPU."""
-
-    def __init__(self, folder: Path, meta_file: str):
-        import tensorflow as tf
-
-        from .captures import load_step
-
-        self.step_def = load_step(folder / meta_file)
-        self.graph = tf.Graph()
-        with self.graph.as_default():
-            tf.compat.v1.import_graph_def(self.step_def.graph_def, name="")
-            self.reads = [tf.raw_ops.ReadVariableOp(resource=self.graph.get_tensor_by_name(v.handle_node + ":0"),
-                                                    dtype=tf.as_dtype(v.dtype)) for v in self.step_def.variables]
-        self.session = tf.compat.v1.Session(graph=self.graph, config=_config(cpus=1))
-        self.with_gradient = [v for v in self.step_def.variables if v.gradient]
-
-    def initialise(self, values: list[np.ndarray]) -> None:
-        self.session.run(self.step_def.init_op,
-                         feed_dict={f"tag_init/value_{i}:0": v for i, v in enumerate(values)})
-
-    def feed(self, batch: list[np.ndarray]) -> dict:
-        return dict(zip(self.step_def.input_tensors, batch))
-
-    def variables(self) -> list[np.ndarray]:
-        return self.session.run(self.reads)
-
-
-class Reference:
-    """The single-device step on the same data and initial values.
-
-    With batch statistics computed per replica (batch norm in a split placement), the equivalent
-    reference runs the step on each replica's rows, combines the losses, gradients and recorded
-    statistics weighted by the replicas' batch shares, and applies the update once with them.
-    """
-
-    def __init__(self, folder: Path, meta: dict):
-        self.main = _Step(folder, meta["reference"])
-        statistics = meta.get("batch_statistics") or {}
-        self.rows: list[int] = statistics.get("rows") or []
-        self.writes: list[str] = statistics.get("writes") or []
-        self.parts = {int(b): _Step(folder, f) for b, f in (statistics.get("references") or {}).items()}
-        self.noise: set[str] = set()  # variables (and their optimizer slots) left out of the comparison
-        if self.rows:
-            self.kind = f"single-device step on each replica's rows {self.rows}, combined by batch share"
-        else:
-            self.kind = "single-device step"
-
-    def initialise(self, values: list[np.ndarray]) -> None:
-        self.main.initialise(values)
-
-    def variables(self) -> list[np.ndarray]:
-        return self.main.variables()
-
-    def step(self, batch: list[np.ndarray]) -> float:
-        main = self.main
-        if not self.rows:
-            loss, _, gradients = main.session.run(
-                [main.step_def.loss_tensor, main.step_def.train_ops, [v.gradient for v in main.with_gradient]],
-                feed_dict=main.feed(batch))
-        else:
-            loss, gradients, written = self._combined(batch)
-            feed = main.feed(batch)
-            feed.update(zip([v.gradient for v in main.with_gradient], gradients))
-            feed.update(zip(self.writes, written))
-            main.session.run(main.step_def.train_ops, feed_dict=feed)  # the update, from the combined values
-        self._note_noise(gradients)
-        return float(loss)
-
-    def _combined(self, batch: list[np.ndarray]):
-        values = self.main.variables()
-        total = sum(self.rows)
-        loss, gradients, written, lo = 0.0, None, None, 0
-        for rows in self.rows:
-            part = self.parts[rows]
-            part.initialise(values)
-            fetches = [part.step_def.loss_tensor, [v.gradient for v in part.with_gradient], self.writes]
-            l, g, w = part.session.run(fetches, feed_dict=part.feed([a[lo:lo + rows] for a in batch]))
-            share = rows / total
-            loss += share * float(l)
-            gradients = [share * x for x in g] if gradients is None else [a + share * x for a, x in zip(gradients, g)]
-            written = [share * x for x in w] if written is None else [a + share * x for a, x in zip(written, w)]
-            lo += rows
-        return loss, gradients, written
-
-    def _note_noise(self, gradients: list[np.ndarray]) -> None:
-        sizes = [float(np.max(np.abs(g))) if np.size(g) else 0.0 for g in gradients]
-        largest = max(sizes, default=0.0)
-        variables = self.main.step_def.variables
-        for variable, size in zip(self.main.with_gradient, sizes):
-            if size <= NOISE_GRADIENT * largest:
-                key = variable.name.replace("/", "_")
-                self.noise |= {v.name for v in variables
-                               if v.name == variable.name or (v.owner == "optimizer" and key in v.name)}
-
-
-def relative_difference(value: np.ndarray, reference: np.ndarray) -> float:
-    """max |value - reference| / max |reference| (0 when both are all zero)."""
-    value, reference = np.asarray(value, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
-    diff = float(np.max(np.abs(value - reference))) if reference.size else 0.0
-    if scale == 0.0:
-        return 0.0 if diff == 0.0 else float("inf")
-    return diff / scale
+        return [(i, j, v) for (i, j, _), v in zip(self.reads, values)]
 
 
 def waiting_collectives(message: str, meta: dict) -> list[dict]:
@@ -247,6 +131,7 @@ def _headline(message: str) -> str:
 def run(args) -> int:
     import tensorflow as tf
 
+    from .runtime_check import Reference, compare
     from .trace import synthetic_batch
 
     folder = Path(args.folder)
@@ -305,7 +190,7 @@ def run(args) -> int:
             seconds = time.perf_counter() - start
             fields: dict[str, Any] = {"step": step, "loss": loss, "seconds": seconds}
             if reference:
-                fields.update(_compare(distributed, reference, batch, loss, options(), meta))
+                fields.update(compare(distributed, reference, batch, loss, options(), meta))
                 failed += not fields["passed"]
             report("step", **fields)
     except tf.errors.OpError as exc:
@@ -315,32 +200,6 @@ def run(args) -> int:
         return 1
     report("done", steps=args.steps, failed_steps=failed)
     return 1 if failed else 0
-
-
-def _compare(distributed: Distributed, reference: Reference, batch, loss: float, options, meta: dict) -> dict:
-    start = time.perf_counter()
-    ref_loss = reference.step(batch)
-    ref_seconds = time.perf_counter() - start
-    expected = reference.variables()
-    worst = ("loss", relative_difference(np.array(loss), np.array(ref_loss)), "")
-    copies = 0
-    for i, device, value in distributed.variables(options):
-        if meta["variables"][i]["name"] in reference.noise:
-            continue
-        copies += 1
-        diff = relative_difference(value, expected[i])
-        if diff > worst[1]:
-            worst = (meta["variables"][i]["name"], diff, device)
-    # Noise-gradient variables take arbitrary Adam updates: restart them from the reference's values,
-    # so the difference does not spread to what depends on them (a bias before batch norm feeds its moving mean).
-    for i, v in enumerate(meta["variables"]):
-        if v["name"] in reference.noise:
-            distributed.assign(i, expected[i], options)
-    compared = len(expected) - len(reference.noise)
-    return {"reference_loss": ref_loss, "reference_seconds": ref_seconds, "compared": {"variables": compared, "copies": copies},
-            "noise_gradient_variables": sorted(reference.noise),
-            "max_relative_difference": worst[1], "worst": f"{worst[0]} {worst[2]}".strip(),
-            "passed": worst[1] <= TOLERANCE}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,7 +126,7 @@ def test_write_emission_folder(mlp_allreduce, tmp_path):
 
 
 def test_failed_write_leaves_nothing(mlp_allreduce, tmp_path, monkeypatch):
-    import tag_core.emit as emit_module
+    import tag_core.emit_files as emit_module
 
     def broken(_):
         raise RuntimeError("disk full")
