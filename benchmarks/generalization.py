@@ -169,16 +169,54 @@ def part_models(generations: int, iterations: int, seed: int, workdir: Path) -> 
     return rows
 
 
+def inference_ms(checkpoint: str, repeats: int = 30) -> list[dict]:
+    """Median time of one prior call (featurize the state, run the network) on the example topologies."""
+    from tag_core.gnn.features import ProblemFeatures
+    from tag_core.gnn.prior import load_prior
+    from tag_core.gnn.problems import build_problem
+    from tag_core.topology import load_topology
+
+    prior = load_prior(checkpoint).prior
+    out = []
+    for model in ("vgg19", "resnet101"):
+        source = load_sources([model])[model]
+        for topo_name in ("testbed", "cloud"):
+            problem = build_problem(source, load_topology(ROOT / "examples" / "topologies" / f"{topo_name}.json"))
+            ev = problem.evaluator
+            clock = time.perf_counter()
+            pf = ProblemFeatures(ev)
+            static_ms = (time.perf_counter() - clock) * 1e3
+            actions = np.full(pf.G, ev.space.all_machines)
+            result = ev.result(actions)
+            feat, net = [], []
+            for depth in range(repeats):
+                clock = time.perf_counter()
+                sample = pf.sample(actions, depth % pf.G, depth % pf.G, result)
+                mid = time.perf_counter()
+                prior.probabilities([sample])
+                feat.append(mid - clock)
+                net.append(time.perf_counter() - mid)
+            out.append({"model": model, "topology": topo_name, "groups": pf.G, "actions": ev.space.size,
+                        "static_features_ms": static_ms, "featurize_ms": 1e3 * statistics.median(feat),
+                        "network_ms": 1e3 * statistics.median(net)})
+    return out
+
+
 def part_costs(checkpoint: str) -> dict:
     from tag_core.gnn.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     params = sum(p.numel() for p in ckpt.net.parameters())
-    return {"checkpoint": str(checkpoint), "checkpoint_bytes": Path(checkpoint).stat().st_size, "parameters": params,
+    return {"inference": inference_ms(checkpoint), "checkpoint": _shown(checkpoint), "checkpoint_bytes": Path(checkpoint).stat().st_size, "parameters": params,
             "training_wall_s": ckpt.training.get("wall_s"), "generations": ckpt.training.get("generations"),
             "episodes": ckpt.training.get("episodes"), "examples": ckpt.training.get("examples"),
             "training_config": ckpt.training.get("config"), "metrics": {k: v for k, v in ckpt.metrics.items()
                                                                          if k != "curve"}}
+
+
+def _shown(path: str) -> str:
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT) if full.is_relative_to(ROOT) else full)
 
 
 def main() -> None:
@@ -200,7 +238,7 @@ def main() -> None:
         rows = part_topologies(args.checkpoint, args.cases, args.first)
         if args.first:
             rows = [r for r in data.get("topologies", {}).get("rows", []) if r["seed"] < rows[0]["seed"]] + rows
-        data["topologies"] = {"rows": rows, "summary": summarize_topologies(rows), "checkpoint": args.checkpoint,
+        data["topologies"] = {"rows": rows, "summary": summarize_topologies(rows), "checkpoint": _shown(args.checkpoint),
                               "wall_s": time.perf_counter() - clock}
         figure_topologies(data["topologies"], HERE / "generalization_topologies.png")
     elif args.part == "models":

@@ -52,6 +52,10 @@ def figure_models(part: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _r(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def write_markdown(data: dict, path: Path) -> None:
     lines = ["# GNN generalisation (`benchmarks/generalization.py`)", ""]
     notes = data.get("notes", {})
@@ -103,10 +107,18 @@ def write_markdown(data: dict, path: Path) -> None:
             f"({costs['parameters']:,} parameters, Adam state included)",
             f"- training: {wall / 60:.1f} min on one CPU thread, {costs['generations']} generations, "
             f"{costs['episodes']} MCTS searches, {costs['examples']} examples",
-            f"- final training metrics (mean of the last 5 generations): loss {m.get('loss')}, top-1 agreement "
-            f"{m.get('top1_before_training')}, best-plan speedup over DP-NCCL {m.get('speedup_vs_dp')}",
+            f"- final training metrics (mean of the last 5 generations): loss {_r(m.get('loss'))}, top-1 agreement "
+            f"with new visit counts {_r(m.get('top1_before_training'))}, speedup over DP-NCCL of the training "
+            f"searches' best plans {_r(m.get('speedup_vs_dp'))}",
             "",
         ]
+        inf = costs.get("inference", [])
+        if inf:
+            lines += ["| model | topology | groups | actions | featurize ms | network ms | per-problem setup ms |",
+                      "|---|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {r['model']} | {r['topology']} | {r['groups']} | {r['actions']} | {r['featurize_ms']:.2f} | "
+                      f"{r['network_ms']:.2f} | {r['static_features_ms']:.0f} |" for r in inf]
+            lines.append("")
         if notes.get("costs"):
             lines += [notes["costs"], ""]
     rss = data.get("peak_rss_mib", {})
