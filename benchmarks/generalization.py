@@ -121,7 +121,8 @@ def summarize_topologies(rows: list[dict]) -> dict:
     for key in ("gnn", "uniform"):
         its = np.array([r[key] if r[key] is not None else CAP for r in done], dtype=float)
         out[key] = {"median": float(np.median(its)), "mean": float(its.mean()), "p90": float(np.percentile(its, 90)),
-                    "not_found": int(sum(r[key] is None for r in done)), "first_iteration": int((its == 1).sum())}
+                    "not_found": int(sum(r[key] is None for r in done)), "first_iteration": int((its == 1).sum()),
+                    "median_wall_s": float(np.median([r[f"{key}_wall_s"] for r in done]))}
     calls = sum(r["gnn_calls"] for r in done)
     out["gnn_inference_ms_per_call"] = 1e3 * sum(r["gnn_inference_s"] for r in done) / max(calls, 1)
     out["goal_met"] = out["gnn"]["median"] <= out["uniform"]["median"] / 5
