@@ -225,9 +225,11 @@ def train_generation(state: TrainState, sources: dict[str, ModelSource], cfg: Tr
 
 def training_record(cfg: TrainConfig, state: TrainState, sessions: list[dict]) -> tuple[dict, dict]:
     curve = state.curve
-    recent = curve[-5:]
-    mean = lambda key: finite(statistics.fmean([p[key] for p in recent if p.get(key) is not None])) \
-        if any(p.get(key) is not None for p in recent) else None  # noqa: E731
+
+    def mean(key: str) -> float | None:  # over the last five generations: one generation is a few problems
+        values = [p[key] for p in curve[-5:] if p.get(key) is not None]
+        return finite(statistics.fmean(values)) if values else None
+
     training = {"config": asdict(cfg), "models": sorted(cfg.models), "topology_seeds": [0, cfg.topologies],
                 "seed": cfg.seed, "generations": state.generation, "wall_s": state.wall_s,
                 "examples": sum(p["examples"] for p in curve), "episodes": sum(p["episodes"] for p in curve),
