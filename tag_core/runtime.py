@@ -55,6 +55,12 @@ class RunResult:
         return sum(times) / len(times) if times else None
 
     @property
+    def left_out_fraction(self) -> float | None:
+        """The largest share of variable elements a step left out of the comparison (rounding noise)."""
+        values = [s["left_out_fraction"] for s in self.steps if "left_out_fraction" in s]
+        return max(values) if values else None
+
+    @property
     def max_relative_difference(self) -> float | None:
         values = [s["max_relative_difference"] for s in self.steps if "max_relative_difference" in s]
         return max(values) if values else None

@@ -203,9 +203,11 @@ def compare(distributed, reference: Reference, batch, loss: float, options, meta
             worst = (variable["name"], diff, variable["copies"][j][1])
     distributed.initialise(expected, options)  # the next step starts from the same values on both sides
     partial = {name: int(mask.sum()) for name, mask in reference.noise.items() if not mask.all()}
+    left_out = sum(int(mask.sum()) for mask in reference.noise.values()) / max(sum(e.size for e in expected), 1)
     return {"reference_loss": ref_loss, "reference_seconds": ref_seconds,
             "compared": {"variables": len(compared), "copies": copies},
             "noise_gradient_variables": reference.noise_variables,
             "noise_elements": {"variables": len(partial), "elements": sum(partial.values())},
+            "left_out_fraction": left_out,
             "max_relative_difference": worst[1], "worst": f"{worst[0]} {worst[2]}".strip(),
             "passed": worst[1] <= TOLERANCE}

@@ -116,6 +116,7 @@ def test_a_collective_missing_a_peer_fails_with_its_name(tmp_path):
     assert "/job:worker/task:" in result.error and "group 1 of 4 devices" in result.error
 
 
+@pytest.mark.timeout(120)
 def test_a_hung_worker_is_stopped_at_the_deadline():
     meta = {"collectives": [{"node": "tag/allreduce_1/7", "device": "/job:worker/task:1/device:CPU:0",
                              "group": ["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"]}]}
