@@ -20,6 +20,8 @@ Replica k of a split placement computes rows [lo_k, hi_k) and the gradient of
 w_k * (its mean loss), w_k = its rows / the batch (its gradient seed is w_k instead of
 1), so its backward tensors are exactly the rows and shares of the full-batch step's: sums
 of replicas need no weights, and the sum of losses weighted by w_k is the full-batch mean.
+(This takes the loss to be a mean over the batch, Keras' default reduction; a loss summed over
+the batch would need weights of 1, and `tag run --check` reports the difference.)
 
 Ops of the optimizer update and every op that writes a variable see "global" values:
 inside a split placement each replica runs them on the summed gradient, so replicas stay
