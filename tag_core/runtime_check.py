@@ -140,11 +140,12 @@ class Reference:
         for k, (variable, gradient) in enumerate(zip(self.main.with_gradient, gradients)):
             gradient = np.asarray(gradient)
             if gradient.shape == tuple(variable.shape):
-                mask = np.abs(gradient) <= floor
+                mask = (np.abs(gradient) <= floor) & (gradient != 0)  # exact zeros (dead units) compare fine
                 if other is not None and other[k] is not None:
                     mask |= np.abs(gradient - other[k]) > NOISE_RELATIVE * np.abs(gradient)
             else:  # sparse (IndexedSlices) gradient: the whole variable or nothing
-                mask = np.full(variable.shape, bool(np.size(gradient)) and float(np.max(np.abs(gradient))) <= floor)
+                size = float(np.max(np.abs(gradient))) if np.size(gradient) else 0.0
+                mask = np.full(variable.shape, 0 < size <= floor)
             if not mask.any():
                 continue
             for name in [variable.name] + [s for s, owner in self.slots.items() if owner == variable.name]:
