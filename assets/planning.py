@@ -25,6 +25,7 @@ from pydantic import Field
 
 from tag_core import store
 from tag_core.errors import TagInputError
+from tag_core.fusion import FusionPlan
 from tag_core.gnn.prior import pipeline_prior
 from tag_core.grouping import DEFAULT_GROUPS, OpGroups
 from tag_core.mcts import Budget
@@ -152,6 +153,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
             stored_groups = store.load_op_groups(conn, spec.name)
             snapshot = store.latest_topology_snapshot(conn, topology_key)
             previous = store.latest_plan(conn, spec.name, topology_key) if config.warm_start else None
+            fusion = store.load_fusion_plan(conn, spec.name, graph.content_hash())
         if snapshot is None:
             raise TagInputError("topology", f"{topology_key!r} has no recorded snapshot; materialize cluster_topology")
         topology = parse_topology(snapshot["snapshot"], source=topology_key)
@@ -165,6 +167,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
             context.log.warning(prior.warning)
         result = plan(graph, topology, profiles, batch_size=config.batch_size, groups=groups, budget=budget,
                       seed=config.seed, warm_start=previous[1] if previous else None, profile_hash=profile_hash,
+                      fusion=FusionPlan.from_json(fusion) if fusion else None,
                       prior=prior.prior, lineage={"warm_start_from": previous[0] if previous else None,
                                                   **prior.lineage()})
         data = result.to_dict()

@@ -67,6 +67,11 @@ class FusionPlan:
     reference_gpu: str
     measured: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_json(cls, data: dict) -> "FusionPlan":
+        return cls(data["model"], data["patterns"], data["kernels_before"], data["kernels_after"],
+                   data.get("estimated_saving_s", 0.0), data.get("reference_gpu", ""), dict(data.get("measured", {})))
+
     @property
     def ops_fused(self) -> int:
         return sum(len(p) for p in self.patterns)

@@ -49,10 +49,7 @@ def _session_step(mode: str, spec, step_file: str, plan_file: str, steps: int, w
     step = load_step(step_file)
     if mode == "tag":
         with open(plan_file) as handle:
-            data = json.load(handle)
-        plan = FusionPlan(data["model"], data["patterns"], data["kernels_before"], data["kernels_after"],
-                          data.get("estimated_saving_s", 0.0), data.get("reference_gpu", ""))
-        mark_for_xla(step.graph_def, plan)
+            mark_for_xla(step.graph_def, FusionPlan.from_json(json.load(handle)))
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(step.graph_def, name="")

@@ -33,6 +33,8 @@ import pandas as pd
 from . import __version__
 from .baselines import HOROVOD_FUSION_BYTES, device_speed, run_baselines
 from .errors import TagInputError
+from .fusion import FusionPlan
+from .fusion_cost import FusedComputeModel
 from .gpu_catalog import CATALOG, lookup_gpu
 from .graph import OpGraph
 from .grouping import DEFAULT_GROUPS, OpGroups, group_ops
@@ -121,6 +123,7 @@ class Plan:
     actions: list[str] = field(default_factory=list)  # per group, "mask/option"
     evaluator: Evaluator | None = field(default=None, repr=False)  # the search's (for benchmarks)
     start: np.ndarray | None = field(default=None, repr=False)  # the default plan both searches began from
+    fusion: dict[str, Any] | None = None  # the fusion plan the costs assumed: patterns, ops_fused, kernels
 
     def to_dict(self) -> dict[str, Any]:
         dp = self.baselines["dp_nccl"]
@@ -141,6 +144,7 @@ class Plan:
                        "wall_s": self.search_wall_s,
                        "first_better_than_dp_iteration": self.tag.first_better_than_dp_iteration},
             "lineage": self.lineage,
+            **({"fusion": self.fusion} if self.fusion is not None else {}),
         }
 
 
@@ -160,11 +164,16 @@ def plan(
     profile_hash: str | None = None,
     lineage: dict[str, Any] | None = None,
     show_progress: bool = False,
+    fusion: FusionPlan | None = None,
 ) -> Plan:
-    """Search a plan for `graph` on `topology`; see the module docstring for the steps."""
+    """Search a plan for `graph` on `topology`; see the module docstring for the steps.
+
+    With `fusion`, every op time (TAG's and the baselines') is the fused cost.
+    """
     budget = budget or Budget(iterations=DEFAULT_ITERATIONS)
     start = time.perf_counter()
-    sim = Simulator(graph, topology, profiles, batch_size=batch_size)
+    compute = FusedComputeModel(graph, profiles, fusion) if fusion is not None else None
+    sim = Simulator(graph, topology, profiles, batch_size=batch_size, compute=compute)
     base = {name.replace("-", "_"): result for name, (_, result) in run_baselines(sim, BASELINE_NAMES).items()}
     dp = base["dp_nccl"]
     groups = groups if groups is not None else make_groups(graph, profiles, num_groups)
@@ -204,6 +213,9 @@ def plan(
                  "checkpoint": None, **(lineage or {})},
         settings=settings, mcmc=mcmc, actions=[space.describe(int(a)) for a in tag.actions],
         evaluator=ev, start=np.full(groups.num_groups, default),
+        fusion=None if fusion is None else {"patterns": len(fusion.patterns), "ops_fused": fusion.ops_fused,
+                                            "kernels_before": fusion.kernels_before,
+                                            "kernels_after": fusion.kernels_after},
     )
 
 

@@ -129,3 +129,20 @@ def test_fusion_plan_asset_stores_the_plan_and_measures(tag_home):
         stored = store.load_fusion_plan(conn, model, store.captured_model(conn, model)["graph_hash"])
     assert stored["ops_fused"] == meta["ops_fused"].value
     assert set(stored["measured"]["step_ms"]) == {"tf", "autocluster", "jit", "tag"}
+
+
+def test_planner_sees_fused_costs(transformer):
+    from tag_core.planner import plan
+    from tag_core.mcts import Budget
+    from tag_core.topology import parse_topology
+
+    graph, step = transformer
+    topology = parse_topology({"name": "pair", "machines": [{"name": "a", "gpu": "T4", "count": 2, "intra_gbps": 64}],
+                               "inter_gbps": 10})
+    fusion = plan_fusion(graph, step.graph_def)
+    fused = plan(graph, topology, None, num_groups=6, budget=Budget(iterations=10), fusion=fusion).to_dict()
+    plain = plan(graph, topology, None, num_groups=6, budget=Budget(iterations=10)).to_dict()
+    assert fused["fusion"] == {"patterns": len(fusion.patterns), "ops_fused": fusion.ops_fused,
+                               "kernels_before": fusion.kernels_before, "kernels_after": fusion.kernels_after}
+    assert "fusion" not in plain
+    assert fused["baselines"]["dp_nccl"]["iteration_time_s"] < plain["baselines"]["dp_nccl"]["iteration_time_s"]

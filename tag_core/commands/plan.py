@@ -50,9 +50,23 @@ def register(subparsers) -> None:
                         help="MCTS priors: the GNN (default when a checkpoint is present) or uniform")
     parser.add_argument("--checkpoint", metavar="CKPT", help="GNN checkpoint for --prior gnn (default: "
                                                              "$TAG_GNN_CHECKPOINT, else data/checkpoints/default.pt)")
+    parser.add_argument("--fusion", action="store_true",
+                        help="cost fused kernels of memory-intensive ops (the stored fusion plan, else a fresh one)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--out", metavar="PLAN_JSON", help="write the plan JSON to this file (atomically)")
     parser.set_defaults(run=run)
+
+
+def _fusion_plan(conn, spec, graph):
+    """The stored fusion plan for this graph (the `fusion_plan` asset's), else a fresh untuned one."""
+    from .. import store
+    from ..captures import load_step
+    from ..fusion import FusionPlan, plan_fusion
+
+    stored = store.load_fusion_plan(conn, spec.name, graph.content_hash())
+    if stored is not None:
+        return FusionPlan.from_json(stored)
+    return plan_fusion(graph, load_step(store.captured_model(conn, spec.name)["step_file"]).graph_def)
 
 
 def run(args) -> int:
@@ -87,6 +101,7 @@ def run(args) -> int:
             profile_model(conn, spec, sizes, runs=3, warmup=1, show_progress=True)
             profiles = store.load_profiles(conn, spec.name)
         profile_hash = store.profile_set_hash(conn, spec.name)
+        fusion = _fusion_plan(conn, spec, graph) if args.fusion else None
     finally:
         conn.close()
     budget = (Budget(seconds=args.budget_seconds) if args.budget_seconds
@@ -94,7 +109,8 @@ def run(args) -> int:
     try:
         result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
                       seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True,
-                      prior=prior.prior, lineage={"warm_start_from": args.warm_start, **prior.lineage()})
+                      prior=prior.prior, lineage={"warm_start_from": args.warm_start, **prior.lineage()},
+                      fusion=fusion)
     except TagInputError as exc:
         if exc.where == "strategy" or exc.where.startswith(("groups", "batch_shares", "op_groups")):
             raise TagInputError(f"--warm-start {args.warm_start}: {exc.where}", exc.problem) from None
