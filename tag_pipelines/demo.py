@@ -27,7 +27,7 @@ from tag_core.snapshots import topology_directory
 from tag_pipelines.devserver import ROOT, prepare_dagster_home
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 
-DEMO_MODELS = ["mlp", "small_cnn", "transformer[layers=2,seq_len=16]"]
+DEMO_MODELS = ["mlp", "small_cnn", "transformer[layers=1,d_model=128,heads=4,ff=256,vocab=1000,seq_len=16]"]
 MODEL_STAGES = "training_graph,op_profiles,op_groups"
 TOPOLOGY_STAGES = "cluster_topology"
 
