@@ -10,8 +10,9 @@ Steps:
    picked by simulating the all-machines AllReduce plan under each. The eight include
    DP-NCCL, DP-NCCL-P and Horovod themselves, so the search starts from the best of them.
    If all eight run out of memory the search runs in out-of-memory mode: undecided
-   groups default to model-parallel on every machine. If even that does not fit, the
-   model fits no device set: TagInputError with the memory needed against the cluster's.
+   groups default to the first plan that fits of model-parallel on every machine, then
+   each mask of the space replicated or model-parallel. If none fits, the model fits no
+   device set: TagInputError with the memory needed against the cluster's.
 4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
 5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
 6. ideal time: the step's compute, perfectly balanced over every device, no
@@ -236,12 +237,19 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
     key, ev, settings = min(tried, key=lambda t: t[0])
     if not key[0]:
         return ev, spent - 1, allreduce, {**settings, "out_of_memory_mode": False}
+    # Out of memory everywhere: model-parallel on every machine first, then each mask of the
+    # space (smaller sets hold fewer replicas) replicated and model-parallel, until one fits.
     ev = Evaluator(sim, groups, space, speed / speed.sum(), fusion_bytes=0, overlap=True, speed=speed)
-    mp = allreduce - OPTIONS.index("allreduce") + MODEL_PARALLEL
-    score: Score = ev.score(np.full(G, mp))
-    if score.oom:
-        _does_not_fit(sim, ev.result(np.full(G, mp)))
-    return ev, spent, mp, {"batch_shares": "speed", "fusion_bytes": 0, "overlap": True, "out_of_memory_mode": True}
+    k = len(OPTIONS)
+    mp_all = allreduce - OPTIONS.index("allreduce") + MODEL_PARALLEL
+    candidates = [mp_all] + [m * k + o for m in range(len(space.masks)) for o in (OPTIONS.index("allreduce"),
+                                                                                 MODEL_PARALLEL)]
+    for action in dict.fromkeys(candidates):
+        score: Score = ev.score(np.full(G, action))
+        if not score.oom:
+            return ev, spent, action, {"batch_shares": "speed", "fusion_bytes": 0, "overlap": True,
+                                       "out_of_memory_mode": True}
+    _does_not_fit(sim, ev.result(np.full(G, mp_all)))
 
 
 def _does_not_fit(sim: Simulator, result) -> None:
@@ -252,7 +260,7 @@ def _does_not_fit(sim: Simulator, result) -> None:
     raise TagInputError(
         "model",
         f"{sim.graph.model} at batch {sim.batch} fits no device set, even model-parallel on all "
-        f"{sim.num_devices} devices: it needs about {(params + acts) / gb:.2f} GB (variables and optimizer state "
+        f"{sim.num_devices} devices or on any machine set: it needs about {(params + acts) / gb:.2f} GB (variables and optimizer state "
         f"{params / gb:.2f} GB, activations {acts / gb:.2f} GB); the cluster has {sim.capacity.sum() / gb:.2f} GB "
         f"in all, and device {worst} would need {result.peak_memory_bytes[worst] / gb:.2f} GB "
         f"of its {result.memory_capacity_bytes[worst] / gb:.2f} GB",

@@ -17,6 +17,7 @@ from .grouping import OpGroups, group_ops
 from .simulate import SimResult, Simulator
 from .strategy import OPTIONS, Strategy
 
+OPS_PER_PART = 4  # model parallelism: fewest ops per device part
 MAX_SINGLES = 8  # single-machine masks beyond this many machines only for the fastest
 ALLREDUCE, MODEL_PARALLEL = OPTIONS.index("allreduce"), OPTIONS.index("model_parallel")
 
@@ -135,7 +136,8 @@ class Evaluator:
 
     def _split(self, group: int, mask: int) -> tuple[np.ndarray, np.ndarray]:
         """Model parallelism: METIS splits the group's ops over the mask's devices, one part per
-        device, the largest part on the fastest device (variables stay with their readers)."""
+        device (at most one per OPS_PER_PART ops), the largest part on the fastest device;
+        ops touching one variable stay together."""
         key = (group, mask)
         hit = self._splits.get(key)
         if hit is None:
@@ -147,7 +149,9 @@ class Evaluator:
                 inside = np.flatnonzero(src_group == self.groups.assignment[self.sim.e_dst])
                 self._edges_by_group = {int(x): inside[src_group[inside] == x] for x in np.unique(src_group[inside])}
             edges = self._edges_by_group.get(group, np.zeros(0, dtype=np.int64))
-            parts = group_ops(subgraph(self.sim.graph, ops, edges), self.sim.ref_time[ops] * 1e6, len(devs), seed=0)
+            # At most one part per OPS_PER_PART ops: METIS cannot bisect tiny remainders (and says so on stdout).
+            n_parts = max(1, min(len(devs), len(ops) // OPS_PER_PART))
+            parts = group_ops(subgraph(self.sim.graph, ops, edges), self.sim.ref_time[ops] * 1e6, n_parts, seed=0)
             hit = self._splits[key] = (ops, devs[parts.assignment])
         return hit
 

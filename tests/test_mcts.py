@@ -173,11 +173,15 @@ def test_oom_plans_score_minus_one_and_are_never_the_answer_when_a_fitting_plan_
     # 6 layers of 4 MB weights + Adam: a replica holds ~72 MB of variables; 40 MB devices cannot
     # hold a replica, but model parallelism over 4 of them can.
     topo = topology(("a", _tiny_gpu(0.04), 2, 100.0), ("b", _tiny_gpu(0.04), 2, 100.0), inter_gbps=10.0)
-    sim, grp, space, ev = _setup(topo=topo)
+    sim, grp, space, ev = _setup(topo=topo, groups=2)  # 16 ops a group: enough to split over 4 devices
     replicated = ev.score(np.full(grp.num_groups, space.all_machines))
     assert replicated.oom
     mp = space.all_machines + OPTIONS.index("model_parallel")
     assert not ev.score(np.full(grp.num_groups, mp)).oom
+    split = ev.strategy(np.full(grp.num_groups, mp))
+    assert len(set(split.op_devices.tolist())) == 4  # METIS spread the ops over every device
+    for v in {op.variable for op in sim.graph.ops if op.variable}:  # a variable's ops stay together
+        assert len({int(split.op_devices[i]) for i, op in enumerate(sim.graph.ops) if op.variable == v}) == 1
     from tag_core.mcts import MctsConfig
 
     mcts = Mcts(ev, 1.0, 1.0, seed=0, config=MctsConfig(default=mp))

@@ -36,7 +36,8 @@ def _plan(topo=None, layers: int = 6, **kwargs):
     g = train_graph(layers=layers)
     prof = profiles(g, "cpu", per_sample_us=100.0, constant_us=20.0)
     kwargs.setdefault("budget", Budget(iterations=30))
-    return g, prof, plan(g, topo or _mixed(), prof, num_groups=6, profile_hash="p123", **kwargs)
+    kwargs.setdefault("num_groups", 6)
+    return g, prof, plan(g, topo or _mixed(), prof, profile_hash="p123", **kwargs)
 
 
 def test_plan_json_carries_every_field_and_beats_the_baselines():
@@ -127,7 +128,7 @@ def _tiny(mem_gb: float) -> GpuType:
 
 def test_out_of_memory_everywhere_moves_to_model_parallelism():
     topo = topology(("a", _tiny(0.04), 2, 100.0), ("b", _tiny(0.04), 2, 100.0), inter_gbps=10.0)
-    _, _, p = _plan(topo=topo)
+    _, _, p = _plan(topo=topo, num_groups=2)  # groups big enough to split over four devices
     assert p.baseline_oom["dp_nccl"] and p.baseline_oom["horovod"]
     assert p.settings["out_of_memory_mode"] is True
     assert not p.oom and "model_parallel" in p.strategy.options
@@ -153,9 +154,9 @@ def test_profile_batch_sizes_are_divisors_near_the_replica_shares():
 # ---- the command -------------------------------------------------------------------------
 
 
-def _topology_file(tmp_path: Path, name: str = "tiny", mem_gb: float | None = None) -> Path:
+def _topology_file(tmp_path: Path, name: str = "tiny", mem_gb: float | None = None, both: bool = False) -> Path:
     gpu = "T4" if mem_gb is None else {"name": "tiny", "tflops": 1.0, "mem_gb": mem_gb, "mem_bw_gbps": 100.0}
-    data = {"name": name, "machines": [{"name": "m0", "gpu": "V100-16GB", "count": 2, "intra_gbps": 100},
+    data = {"name": name, "machines": [{"name": "m0", "gpu": gpu if both else "V100-16GB", "count": 2, "intra_gbps": 100},
                                        {"name": "m1", "gpu": gpu, "count": 2, "intra_gbps": 50}], "inter_gbps": 10}
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(data))
@@ -220,6 +221,17 @@ def test_tag_plan_bad_arguments_exit_2(planned, args, where, capsys):
     assert err.startswith("tag: error:") and where in err and "\n" not in err
 
 
+def test_tag_plan_keeps_to_the_machines_that_fit(planned, capsys, tmp_path):
+    _, db, _, _, _ = planned
+    half = _topology_file(tmp_path, "half", mem_gb=1e-8)  # m1's GPUs hold nothing; m0's V100s hold the model
+    assert main(["--db", str(db), "plan", MODEL, "--topology", str(half), "--budget-iterations", "5",
+                 "--groups", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["oom"] is False and data["baselines"]["dp_nccl"]["oom"] is True
+    assert data["speedup_vs_dp_nccl"] is None and data["tag"]["settings"]["out_of_memory_mode"] is True
+    assert all(group["mask"][1] == 0 for group in data["strategy"]["groups"])
+
+
 def test_tag_plan_input_errors_exit_2(planned, capsys, tmp_path):
     _, db, topo, _, _ = planned
     bad_json = tmp_path / "bad.json"
@@ -232,7 +244,7 @@ def test_tag_plan_input_errors_exit_2(planned, capsys, tmp_path):
         (["--topology", str(topo), "--warm-start", str(tmp_path / "gone.json")], "--warm-start"),
         (["--topology", str(topo), "--warm-start", str(bad_json)], "not valid JSON"),
         (["--topology", str(topo), "--warm-start", str(not_a_plan), "--budget-iterations", "1"], "--warm-start"),
-        (["--topology", str(_topology_file(tmp_path, "small", mem_gb=1e-8))], "fits no device set"),
+        (["--topology", str(_topology_file(tmp_path, "small", mem_gb=1e-8, both=True))], "fits no device set"),
     ]
     for args, expected in cases:
         assert main(["--db", str(db), "plan", MODEL, *args]) == 2, args
