@@ -260,8 +260,8 @@ def _does_not_fit(sim: Simulator, result) -> None:
     raise TagInputError(
         "model",
         f"{sim.graph.model} at batch {sim.batch} fits no device set, even model-parallel on all "
-        f"{sim.num_devices} devices or on any machine set: it needs about {(params + acts) / gb:.2f} GB (variables and optimizer state "
-        f"{params / gb:.2f} GB, activations {acts / gb:.2f} GB); the cluster has {sim.capacity.sum() / gb:.2f} GB "
+        f"{sim.num_devices} devices or on any machine set: it needs about {(params + acts) / gb:.2f} GB "
+        f"(variables and optimizer state {params / gb:.2f} GB, activations {acts / gb:.2f} GB); the cluster has {sim.capacity.sum() / gb:.2f} GB "
         f"in all, and device {worst} would need {result.peak_memory_bytes[worst] / gb:.2f} GB "
         f"of its {result.memory_capacity_bytes[worst] / gb:.2f} GB",
     )
