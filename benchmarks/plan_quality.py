@@ -58,7 +58,8 @@ def one_case(model: str, topology_name: str, iterations: int, seed: int) -> dict
     ten_wall = time.perf_counter() - clock
     reach = next((s for _, s, t in result.tag.trace if t <= ten.time_s * (1 + 1e-9)), None)
     return {
-        "model": model, "topology": topology_name, "ops": len(graph.ops), "devices": topology.num_devices,
+        "model": model, "topology": topology_name, "code_version": data["lineage"]["code_version"],
+        "ops": len(graph.ops), "devices": topology.num_devices,
         "batch_size": data["batch_size"], "groups": data["groups"],
         "baselines_s": {k: v["iteration_time_s"] for k, v in data["baselines"].items()},
         "baselines_oom": {k: v["oom"] for k, v in data["baselines"].items()},
