@@ -151,7 +151,8 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     used = {b for p in placed.placements for b in p.batches} | {batch, batch + 1}  # batch + 1: the probe
     used_traces = {b: traced(b) for b in sorted(used)}
     machines = [d.machine for d in topology.devices]
-    builder = GraphBuilder(used_traces, batch, graph, placed, device_names(topology, device_kind), machines)
+    builder = GraphBuilder(used_traces, batch, graph, placed, device_names(topology, device_kind), machines,
+                           fusion_bytes=int(strategy.fusion_bytes))
     emitted = builder.build()
     check_imports(emitted.graph_def)
     values = _initial_values(traces[batch], keras_objects)

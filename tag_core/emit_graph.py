@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 from .emit_analysis import BATCH, FLOATS, INVARIANT, PARTIAL, STAT, StepAnalysis, TensorFacts
 from .emit_nodes import NodeSink, parse_input, tensor_name
@@ -88,7 +90,7 @@ class EmittedGraph:
 
 class GraphBuilder:
     def __init__(self, traces: dict[int, TracedStep], batch: int, graph: OpGraph, placed: OpPlacements,
-                 devices: list[str], machines: list[int]):
+                 devices: list[str], machines: list[int], fusion_bytes: int = 0):
         self.batch = batch
         self.step = traces[self.batch]
         probe = self.batch + 1 if self.batch + 1 in traces else next(b for b in sorted(traces) if b != self.batch)
@@ -111,6 +113,8 @@ class GraphBuilder:
         self.handle_copies: dict[str, dict[int, str]] = defaultdict(dict)
         self.collectives: list[Collective] = []
         self.group_keys: dict[tuple[int, ...], int] = {}
+        self.buckets = self._fusion_buckets(fusion_bytes) if fusion_bytes > 0 else {}
+        self.instances = 0
 
     def build(self) -> EmittedGraph:
         for name in self.order:
@@ -380,20 +384,82 @@ class GraphBuilder:
 
     def _all_reduce(self, src, index, facts, own, producer, weighted: bool) -> list[str]:
         key = (src, index, weighted)
+        if key not in self.reduced and not weighted and (src, index) in self.buckets:
+            self._fused_all_reduce(self.buckets[(src, index)], producer)
         if key not in self.reduced:
-            group = tuple(producer.devices)
-            group_key = self.group_keys.setdefault(group, len(self.group_keys) + 1)
-            instance = len(self.reduced) + 1
-            outs = []
-            for name, at, k in own:
-                dev = self.devices[at]
-                value = self.sink.scale(name, producer.weight(k), facts.dtype, dev) if weighted else name
-                node = self.sink.all_reduce(value, facts.dtype, dev, len(group), group_key, instance)
-                self.collectives.append(Collective(node, dev, tensor_name(src, index), group_key, instance,
-                                                   [self.devices[d] for d in group]))
-                outs.append(node)
-            self.reduced[key] = outs
+            values = [self.sink.scale(name, producer.weight(k), facts.dtype, self.devices[at]) if weighted else name
+                      for name, at, k in own]
+            self.reduced[key] = self._collective(values, producer, facts.dtype, tensor_name(src, index))
         return self.reduced[key]
+
+    def _collective(self, values: list[str], producer, dtype: str, label: str) -> list[str]:
+        """One CollectiveReduceV2 (a sum) per replica of `producer` over `values`, one per replica."""
+        group = tuple(producer.devices)
+        group_key = self.group_keys.setdefault(group, len(self.group_keys) + 1)
+        self.instances += 1
+        outs = []
+        for value, at in zip(values, group):
+            dev = self.devices[at]
+            node = self.sink.all_reduce(value, dtype, dev, len(group), group_key, self.instances)
+            self.collectives.append(Collective(node, dev, label, group_key, self.instances,
+                                               [self.devices[d] for d in group]))
+            outs.append(node)
+        return outs
+
+    # ---- gradient fusion (Horovod's tensor fusion, the strategy's fusion_bytes) --------
+
+    def _fusion_buckets(self, fusion_bytes: int) -> dict[tuple[str, int], list[tuple[str, int]]]:
+        """Dense gradients of each split placement, in the order they are produced, cut into buckets of
+        about `fusion_bytes`: each bucket is then summed with one collective per replica."""
+        position = {name: i for i, name in enumerate(self.order)}
+        candidates: dict[tuple[int, str], list[tuple[int, tuple[str, int], int]]] = defaultdict(list)
+        for variable in self.step.variables:
+            if not variable.gradient:
+                continue
+            src, index = parse_input(variable.gradient)
+            if src not in self.kept or not self.local(src):
+                continue
+            pid = self.placed.op_pid[src]
+            facts = self.facts(src, index)
+            if (self.placed.placements[pid].replicas < 2 or facts.kind != PARTIAL or facts.dtype not in FLOATS
+                    or facts.shape != tuple(variable.shape)):
+                continue
+            nbytes = int(np.prod(facts.shape, dtype=np.int64)) * np.dtype(facts.dtype).itemsize
+            candidates[(pid, facts.dtype)].append((position[src], (src, index), nbytes))
+        buckets: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for members in candidates.values():
+            current: list[tuple[str, int]] = []
+            size = 0
+            for _, tensor, nbytes in sorted(set(members)):
+                current.append(tensor)
+                size += nbytes
+                if size >= fusion_bytes:
+                    buckets.update({t: current for t in current})
+                    current, size = [], 0
+            buckets.update({t: current for t in current})
+        return buckets
+
+    def _fused_all_reduce(self, bucket: list[tuple[str, int]], producer) -> None:
+        """Flatten and concatenate a bucket on each replica, sum it once, split it back."""
+        facts = [self.facts(src, index) for src, index in bucket]
+        dtype = facts[0].dtype
+        sizes = [int(np.prod(f.shape, dtype=np.int64)) for f in facts]
+        pid = self.placed.op_pid[bucket[0][0]]
+        flats = []
+        for k, at in enumerate(producer.devices):
+            dev = self.devices[at]
+            parts = [self.sink.reshape(tensor_name(self.copy(src, Context(pid, k, True)), index), (-1,), dtype, dev)
+                     for src, index in bucket]
+            flats.append(self.sink.concat(parts, 0, dtype, dev))
+        label = f"{len(bucket)} gradients from {tensor_name(*bucket[0])}"
+        summed = self._collective(flats, producer, dtype, label)
+        per_replica = []
+        for total, at in zip(summed, producer.devices):
+            dev = self.devices[at]
+            pieces = self.sink.split_sizes(total, sizes, dtype, dev) if len(bucket) > 1 else [total]
+            per_replica.append([self.sink.reshape(p, f.shape, dtype, dev) for p, f in zip(pieces, facts)])
+        for j, (src, index) in enumerate(bucket):
+            self.reduced[(src, index, False)] = [outs[j] for outs in per_replica]
 
 
 def _merge_libraries(graph_def, traces: list[TracedStep]) -> None:

@@ -98,6 +98,20 @@ class NodeSink:
         self.add(name, "Mul", [tensor, factor_const], device, {"T": ("type", dtype)})
         return name
 
+    def reshape(self, tensor: str, shape: tuple[int, ...], dtype: str, device: str) -> str:
+        name = self.unique("reshape")
+        shape_const = self.const(np.array(shape, dtype=np.int32), device)
+        self.add(name, "Reshape", [tensor, shape_const], device, {"T": ("type", dtype), "Tshape": ("type", "int32")})
+        return name
+
+    def split_sizes(self, tensor: str, sizes: list[int], dtype: str, device: str) -> list[str]:
+        """Pieces of a 1-D tensor, of the given lengths."""
+        name = self.unique("split")
+        inputs = [tensor, self.const(np.array(sizes, dtype=np.int32), device), self.const(np.array(0, np.int32), device)]
+        self.add(name, "SplitV", inputs, device,
+                 {"num_split": ("int", len(sizes)), "T": ("type", dtype), "Tlen": ("type", "int32")})
+        return [tensor_name(name, i) for i in range(len(sizes))]
+
     def all_reduce(self, tensor: str, dtype: str, device: str, group_size: int, group_key: int,
                    instance_key: int) -> str:
         """A sum over the group with TF's collective ops; every member must run its own."""

@@ -254,3 +254,20 @@ def test_rows_move_away_from_batch_sizes_that_trace_differently():
     assert _traceable_rows([3, 5], lambda b: True) == [3, 5]
     with pytest.raises(TagInputError, match="no split of the batch"):
         _traceable_rows([1, 1], lambda b: b != 1)
+
+
+def test_fusion_buckets_gradients(two_by_two):
+    spec = resolve_model(MLP, 8)
+    topology = load_topology(two_by_two)
+
+    def allreduce(fusion_bytes):
+        return lambda graph, t: Strategy.uniform(len(graph.ops), 2, 4, "allreduce", fusion_bytes=fusion_bytes)
+
+    one_bucket = emit(spec, topology, allreduce(64 * 2**20), "cpu")
+    trainable = [v for v in one_bucket.reference.variables if v.trainable]
+    assert len(one_bucket.emitted.collectives) == 4  # every gradient of a replica in one collective
+    assert one_bucket.emitted.collectives[0].tensor.startswith(f"{len(trainable)} gradients from ")
+    ops = {n.op for n in one_bucket.emitted.graph_def.node}
+    assert {"SplitV", "Reshape", "ConcatV2"} <= ops
+    tiny = emit(spec, topology, allreduce(1), "cpu")  # every gradient fills a bucket by itself
+    assert len(tiny.emitted.collectives) == 4 * len(trainable)

@@ -55,7 +55,13 @@ def mixed(graph, topology):
     return Strategy(groups.assignment, np.array(chosen, dtype=bool), options, UNEVEN, name="mixed")
 
 
-SCENARIOS = {option: one_option(option) for option in OPTIONS} | {"mixed": mixed}
+def fused(graph, topology):
+    """AllReduce with Horovod's 64 MiB gradient buckets (one collective per bucket and replica)."""
+    return Strategy.uniform(len(graph.ops), topology.num_machines, topology.num_devices, "allreduce",
+                            batch_shares=UNEVEN, fusion_bytes=64 * 2**20, name="fused")
+
+
+SCENARIOS = {option: one_option(option) for option in OPTIONS} | {"mixed": mixed, "fused": fused}
 
 
 def _emit_run(tmp_path, model: str, strategy, steps: int = 3, topology=TWO_BY_TWO):
