@@ -28,25 +28,27 @@ from tag_pipelines.devserver import ROOT, prepare_dagster_home
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 
 DEMO_MODELS = ["mlp", "small_cnn", "transformer[layers=1,d_model=128,heads=4,ff=256,vocab=1000,seq_len=16]"]
-MODEL_STAGES = "training_graph,op_profiles,op_groups"
-TOPOLOGY_STAGES = "cluster_topology"
+# The demo skips fusion's four-mode step timing (`tag fuse MODEL --measure` does it).
+DEMO_CONFIG = {"fusion_plan": {"measure": False}}
 
 
-def pair_stages() -> str:
-    """Every asset partitioned by model × topology (plans, and whatever later stages add)."""
+def stages(partitions_def) -> list[str]:
+    """Every asset with these partitions, upstream stages first."""
     from tag_pipelines.definitions import defs
 
-    keys = [spec.key.to_user_string() for spec in defs.resolve_all_asset_specs()
-            if spec.partitions_def == model_topology_partitions]
-    return ",".join(sorted(keys, key=lambda k: (k != "deployment_plan", k)))
+    graph = defs.resolve_asset_graph()
+    keys = [spec.key for spec in defs.resolve_all_asset_specs() if spec.partitions_def == partitions_def]
+    ordered = [key for key in graph.toposorted_asset_keys if key in keys]
+    return [key.to_user_string() for key in ordered]
 
 
-def materialize(select: str, partition: str, env: dict) -> None:
+def materialize(select: list[str], partition: str, env: dict) -> None:
     dagster = Path(sys.executable).with_name("dagster")
-    command = [str(dagster), "asset", "materialize", "-m", "tag_pipelines.definitions", "--select", select,
-               "--partition", partition]
+    config = {"ops": {op: {"config": c} for op, c in DEMO_CONFIG.items() if op in select}}
+    command = [str(dagster), "asset", "materialize", "-m", "tag_pipelines.definitions", "--select", ",".join(select),
+               "--partition", partition, "--config-json", json.dumps(config)]
     started = time.monotonic()
-    print(f"  materialize {select} [{partition}] ...", flush=True)
+    print(f"  materialize {','.join(select)} [{partition}] ...", flush=True)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"dagster asset materialize failed for {select} [{partition}]:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -92,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     instance.add_dynamic_partitions(topology_partitions.name, topologies)
     print(f"models: {', '.join(models)}\ntopologies: {', '.join(topologies)} (copied into {watched})")
     for model in models:
-        materialize(MODEL_STAGES, model, env)
+        materialize(stages(model_partitions), model, env)
     for topology in topologies:
-        materialize(TOPOLOGY_STAGES, topology, env)
-    stages = pair_stages()
+        materialize(stages(topology_partitions), topology, env)
+    pair = stages(model_topology_partitions)
     for model in models:
         for topology in topologies:
-            materialize(stages, str(MultiPartitionKey({"model": model, "topology": topology})), env)
+            materialize(pair, str(MultiPartitionKey({"model": model, "topology": topology})), env)
 
     with store.connect(read_only=True) as conn:
         rows = [r for r in plan_table_rows(store.current_plans(conn)) if r["model"] in models and r["topology"] in topologies]

@@ -8,31 +8,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from ._common import open_store, positive_int, print_json, require
-
-
-def _positive_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
+from ._common import non_negative_int, open_store, positive_float, positive_int, print_json, require
 
 
 def register(subparsers) -> None:
@@ -42,8 +18,8 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, help="global batch to plan for (default: the model's)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget-iterations", type=positive_int, help="MCTS iterations (default 300)")
-    budget.add_argument("--budget-seconds", type=_positive_float, help="MCTS wall-clock seconds")
-    parser.add_argument("--seed", type=_seed, default=0, help="search seed (default 0)")
+    budget.add_argument("--budget-seconds", type=positive_float, help="MCTS wall-clock seconds")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="search seed (default 0)")
     parser.add_argument("--groups", type=positive_int, default=60, help="METIS op groups (default 60)")
     parser.add_argument("--warm-start", metavar="PLAN_JSON", help="start the search from a previous plan file")
     parser.add_argument("--prior", choices=("gnn", "uniform"),

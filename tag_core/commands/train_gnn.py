@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from ._common import open_store, positive_int, require
+from ._common import non_negative_int, open_store, positive_float, positive_int, require
 
 # Defaults of the options that --resume may take from the checkpoint instead.
 _DEFAULTS = {"topologies": 64, "seed": 0, "episodes": 6, "iterations": 100}
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
 
 
 def register(subparsers) -> None:
@@ -39,7 +18,7 @@ def register(subparsers) -> None:
                                          "captured first when missing")
     parser.add_argument("--topologies", type=positive_int, help=f"random training topologies: seeds 0..N-1 "
                                                                 f"(default {_DEFAULTS['topologies']})")
-    parser.add_argument("--minutes", type=_positive_float, help="wall-clock budget of this run (default 10 unless "
+    parser.add_argument("--minutes", type=positive_float, help="wall-clock budget of this run (default 10 unless "
                                                                 "--generations is given)")
     parser.add_argument("--generations", type=positive_int, help="stop after this many generations in all "
                                                                  "(deterministic for a seed)")
@@ -48,7 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--iterations", type=positive_int, help=f"MCTS iterations per search "
                                                                 f"(default {_DEFAULTS['iterations']})")
     parser.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint (its settings unless given)")
-    parser.add_argument("--seed", type=_non_negative, help="training seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, help="training seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
