@@ -68,13 +68,15 @@ def write_markdown(data: dict, path: Path) -> None:
             f"each; MCTS in the DP-NCCL strategy space until a plan beats DP-NCCL, cap 200. "
             f"Checkpoint `{topo['checkpoint']}`; {topo['wall_s'] / 60:.1f} min. Figure: "
             "`generalization_topologies.png`.", "",
-            "| prior | median | mean | p90 | found at iteration 1 | not found in 200 | median wall s |",
+            "| prior, cases | median | mean | p90 | found at iteration 1 | not found in 200 | median wall s |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for key in ("gnn", "uniform"):
-            v = s[key]
-            lines.append(f"| {key} | {v['median']:g} | {v['mean']:.1f} | {v['p90']:.1f} | {v['first_iteration']} "
-                         f"| {v['not_found']} | {v.get('median_wall_s', float('nan')):.2f} |")
+        subsets = [("all", s)] + ([("2+ machines", s["multi_machine"])] if "multi_machine" in s else [])
+        for label, sub in subsets:
+            for key in ("gnn", "uniform"):
+                v = sub[key]
+                lines.append(f"| {key}, {label} ({sub['cases']}) | {v['median']:g} | {v['mean']:.1f} | {v['p90']:.1f} "
+                             f"| {v['first_iteration']} | {v['not_found']} | {v.get('median_wall_s', float('nan')):.2f} |")
         ratio = s["uniform"]["median"] / max(s["gnn"]["median"], 1e-9)
         lines += ["", f"Goal (GNN median at most 1/5 of uniform's): **{'met' if s['goal_met'] else 'not met'}** "
                       f"(uniform/GNN median ratio {ratio:.2f}). GNN inference: "
