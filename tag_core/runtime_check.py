@@ -140,12 +140,14 @@ class Reference:
         for k, (variable, gradient) in enumerate(zip(self.main.with_gradient, gradients)):
             gradient = np.asarray(gradient)
             if gradient.shape == tuple(variable.shape):
-                mask = (np.abs(gradient) <= floor) & (gradient != 0)  # exact zeros (dead units) compare fine
+                if float(np.max(np.abs(gradient), initial=0.0)) <= floor:  # all of it zero in real arithmetic
+                    mask = np.ones(gradient.shape, dtype=bool)
+                else:  # exact zeros next to real gradients are dead units: zero in any order, compared
+                    mask = (np.abs(gradient) <= floor) & (gradient != 0)
                 if other is not None and other[k] is not None:
                     mask |= np.abs(gradient - other[k]) > NOISE_RELATIVE * np.abs(gradient)
             else:  # sparse (IndexedSlices) gradient: the whole variable or nothing
-                size = float(np.max(np.abs(gradient))) if np.size(gradient) else 0.0
-                mask = np.full(variable.shape, 0 < size <= floor)
+                mask = np.full(variable.shape, float(np.max(np.abs(gradient), initial=0.0)) <= floor)
             if not mask.any():
                 continue
             for name in [variable.name] + [s for s, owner in self.slots.items() if owner == variable.name]:
