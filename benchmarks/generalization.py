@@ -137,7 +137,7 @@ def _summary(done: list[dict]) -> dict:
     return out
 
 
-def part_models(generations: int, iterations: int, seed: int, workdir: Path) -> list[dict]:
+def part_models(generations: int, iterations: int, seed: int, workdir: Path, shipped: str) -> list[dict]:
     """Leave-one-out training, then plan each held-out model with both networks."""
     from tag_core.gnn.checkpoint import load_checkpoint
     from tag_core.gnn.prior import GnnPrior
@@ -159,13 +159,15 @@ def part_models(generations: int, iterations: int, seed: int, workdir: Path) -> 
             train(cfg, sources, path, resume=resume, show_progress=False,
                   log=lambda line, n=name: print(f"  {n}: {line}", flush=True))
         nets[name] = load_checkpoint(path)
+    nets["shipped"] = load_checkpoint(shipped)  # longer trained, saw every model: a reference
     rows = []
     for model in MODELS:
         for topo_name in ("testbed", "cloud"):
             topo = load_topology(ROOT / "examples" / "topologies" / f"{topo_name}.json")
             src = sources[model]
             row = {"model": model, "topology": topo_name}
-            for label, ckpt in (("seen", nets["all"]), ("unseen", nets[f"without-{model}"]), ("uniform", None)):
+            for label, ckpt in (("seen", nets["all"]), ("unseen", nets[f"without-{model}"]), ("uniform", None),
+                                ("shipped", nets["shipped"])):
                 prior = GnnPrior(ckpt.net) if ckpt is not None else None
                 result = plan(src.graph, topo, src.profiles, groups=src.groups, budget=Budget(iterations=iterations),
                               seed=seed, prior=prior, mcmc_simulations=1)
@@ -174,7 +176,8 @@ def part_models(generations: int, iterations: int, seed: int, workdir: Path) -> 
             row["unseen_over_seen"] = row["unseen"] / row["seen"]
             rows.append(row)
             print(f"{model:13s} {topo_name:8s} seen {row['seen'] * 1e3:8.2f} ms  unseen {row['unseen'] * 1e3:8.2f} ms"
-                  f"  uniform {row['uniform'] * 1e3:8.2f} ms  ratio {row['unseen_over_seen']:.3f}", flush=True)
+                  f"  uniform {row['uniform'] * 1e3:8.2f} ms  shipped {row['shipped'] * 1e3:8.2f} ms"
+                  f"  ratio {row['unseen_over_seen']:.3f}", flush=True)
     return rows
 
 
@@ -234,7 +237,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", default=str(ROOT / "data" / "checkpoints" / "default.pt"))
     parser.add_argument("--cases", type=int, default=100)
     parser.add_argument("--first", type=int, default=0, help="first case (to continue an interrupted run)")
-    parser.add_argument("--generations", type=int, default=12, help="per leave-one-out network")
+    parser.add_argument("--generations", type=int, default=15, help="per leave-one-out network")
     parser.add_argument("--iterations", type=int, default=100, help="MCTS iterations per plan (models part)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=str(ROOT / ".tag-bench" / "gnn" / "loo"))
@@ -251,7 +254,7 @@ def main() -> None:
                               "wall_s": time.perf_counter() - clock}
         figure_topologies(data["topologies"], HERE / "generalization_topologies.png")
     elif args.part == "models":
-        rows = part_models(args.generations, args.iterations, args.seed, Path(args.workdir))
+        rows = part_models(args.generations, args.iterations, args.seed, Path(args.workdir), args.checkpoint)
         ratios = [r["unseen_over_seen"] for r in rows]
         data["models"] = {"rows": rows, "generations": args.generations, "iterations": args.iterations,
                           "max_ratio": max(ratios), "mean_ratio": statistics.fmean(ratios),
