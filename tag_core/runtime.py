@@ -199,7 +199,8 @@ def describe(event: dict, result: RunResult) -> list[str]:
                          f"parallelism does")
         return lines
     if kind == "serving":
-        return [f"task {event['task']} serving at {event['target']} (stop it when task 0 is done)"]
+        return [f"task {event['task']} serving at {event['target']} (process {event['pid']}; stop this command "
+                f"when task 0 is done)"]
     if kind == "step":
         result.steps.append(event)
         line = f"step {event['step']}: loss {event['loss']:.6g} ({event['seconds'] * 1e3:.1f} ms)"

@@ -145,7 +145,7 @@ def run(args) -> int:
         server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=args.task_index,
                                       config=_config(cpus=cpus, soft=True), start=True)
         if args.task_index != 0:
-            report("serving", task=args.task_index, target=server.target)
+            report("serving", task=args.task_index, target=server.target, pid=os.getpid())
             server.join()
             return 0
         servers.append(server)
@@ -202,6 +202,21 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
+def _exit_with_parent() -> None:
+    """End this process (and the servers in it) as soon as the `tag run` that started it is gone:
+    it runs in its own process group, so a signal to the parent's group does not reach it."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tag_core.runtime_worker")
     parser.add_argument("folder")
@@ -210,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--cluster")
     parser.add_argument("--task-index", type=int, default=0)
+    _exit_with_parent()
     return run(parser.parse_args(argv))
 
 

@@ -152,14 +152,30 @@ def test_one_task_per_process_with_a_cluster_file(tmp_path):
     task1 = subprocess.Popen([sys.executable, "-m", "tag_core.cli", "run", str(out), "--cluster", str(cluster_file),
                               "--task-index", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              start_new_session=True)
+    worker = None
     try:
-        assert "serving" in task1.stdout.readline()
+        line = task1.stdout.readline()
+        assert "serving" in line
+        worker = int(line.split("(process ")[1].split(";")[0])
         result = run_emitted(out, steps=2, check=True, timeout=120, cluster=cluster_file, task_index=0)
         assert result.ok, "\n".join(result.lines + [result.error or ""])
         assert all(step["passed"] for step in result.steps)
     finally:
         os.killpg(task1.pid, signal.SIGKILL)
         task1.wait()
+    # The serving worker (its own process group, servers inside) goes with the command that started it.
+    deadline = time.monotonic() + 20
+    while worker is not None and _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker is not None and not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_run_cli_bad_folder_exits_2(tmp_path, capsys):
