@@ -96,6 +96,12 @@ def write_markdown(data: dict, path: Path) -> None:
             lines.append(f"| {r['model']} | {r['topology']} | {r['dp_nccl'] * 1e3:.2f} | {r['seen'] * 1e3:.2f} | "
                          f"{r['unseen'] * 1e3:.2f} | {r['unseen_over_seen']:.3f} | {r['uniform'] * 1e3:.2f} | "
                          f"{r.get('shipped', float('nan')) * 1e3:.2f} |")
+        lines += ["", "MCTS iterations to beat DP-NCCL in the DP-NCCL strategy space (Table VII's measure; '-': not "
+                      "within 200):", "", "| model | topology | seen | unseen | uniform | shipped |", "|---|---|---:|---:|---:|---:|"]
+        for r in models["rows"]:
+            cells = [r.get(f"{k}_beat_dp_it") for k in ("seen", "unseen", "uniform", "shipped")]
+            lines.append(f"| {r['model']} | {r['topology']} | " + " | ".join("-" if c is None else str(c) for c in cells)
+                         + " |")
         lines += ["", f"Worst unseen/seen {models['max_ratio']:.3f}, mean {models['mean_ratio']:.3f}; goal (within 5%): "
                       f"**{'met' if models['goal_met'] else 'not met'}**. {models['wall_s'] / 60:.1f} min.", ""]
         if notes.get("models"):
