@@ -140,8 +140,8 @@ class Strategy:
     def from_dict(cls, data: Any) -> "Strategy":
         if not isinstance(data, dict):
             raise TagInputError("strategy", "must be a JSON object")
-        if "strategy" in data and isinstance(data["strategy"], dict) and "groups" not in data:
-            data = data["strategy"]  # a plan file that embeds its strategy
+        if isinstance(data.get("strategy"), dict) and not isinstance(data.get("groups"), list):
+            data = data["strategy"]  # a plan file: its "groups" is a count, its strategy is embedded
         for key in ("groups", "batch_shares"):
             if key not in data:
                 raise TagInputError(key, "missing field")
