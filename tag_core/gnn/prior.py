@@ -2,7 +2,7 @@
 
 `GnnPrior(net)(state)` featurizes the node's state (static features built once per
 evaluator), runs the network and returns one probability per action, mixed with a
-small uniform floor so that MCTS can still reach an action the network dislikes.
+uniform floor so that MCTS can still reach an action the network dislikes.
 
 `choose_prior(kind, checkpoint)`:
   - "uniform": no network.
@@ -27,7 +27,10 @@ import numpy as np
 from ..errors import TagInputError
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "default.pt"
-UNIFORM_FLOOR = 0.05  # share of probability spread uniformly over all actions
+# Share of probability spread uniformly over all actions: the same mixture the network was trained
+# under (TrainConfig.explore). The argmax (MCTS's first pick) does not change; what does is how soon
+# the search leaves a confident but wrong first pick (testbed.json in the DP-NCCL space stalled at 0.05).
+UNIFORM_FLOOR = 0.3
 PRIOR_KINDS = ("gnn", "uniform")
 
 
