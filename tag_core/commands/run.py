@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 
-from ._common import positive_int, print_json
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+from ._common import positive_float, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -23,7 +12,7 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
     parser.add_argument("--check", action="store_true",
                         help="compare the loss and every variable with the single-device step after each step")
-    parser.add_argument("--timeout", type=_positive_seconds, default=600.0,
+    parser.add_argument("--timeout", type=positive_float, default=600.0,
                         help="seconds the steps may take before the run is stopped (default 600)")
     parser.add_argument("--cluster", help="cluster.json of a real cluster: run one task of it instead of local servers")
     parser.add_argument("--task-index", type=int, default=0, help="this machine's task in --cluster (default 0)")
