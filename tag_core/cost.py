@@ -96,6 +96,31 @@ def allgather_time(total_bytes: float, n: int, gbps: float) -> float:
     return (n - 1) / n * total_bytes / bytes_per_s(gbps) + (n - 1) * LATENCY_S
 
 
+def hierarchical_allgather_time(total_bytes, shares: list[float], per_machine: list[int], intra_gbps: list[float],
+                                inter_gbps: float):
+    """All-gather of a tensor whose rows are split over devices in `shares` (fractions, one per device,
+    listed machine by machine as `per_machine` counts them).
+
+    Pieces are padded to the largest, as NCCL's all-gather needs equal counts. One machine: a ring.
+    Several: a ring inside each machine, a ring of the machines' pieces across machines, then what
+    came from other machines chained through each machine. Machines work in parallel.
+    """
+    shares = np.asarray(shares, dtype=np.float64)
+    bounds = np.cumsum([0] + list(per_machine))
+    pieces = [(shares[a:b], bw) for a, b, bw in zip(bounds[:-1], bounds[1:], intra_gbps) if b > a]
+    if len(pieces) == 1:
+        local, bw = pieces[0]
+        return allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw)
+    inside = 0.0 * total_bytes
+    spread = 0.0 * total_bytes
+    for local, bw in pieces:
+        inside = np.maximum(inside, allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw))
+        spread = np.maximum(spread, broadcast_time(total_bytes * (1.0 - float(local.sum())), len(local), bw))
+    largest = max(float(local.sum()) for local, _ in pieces)
+    across = allgather_time(total_bytes * largest * len(pieces), len(pieces), inter_gbps)
+    return inside + across + spread
+
+
 def ps_time(nbytes: float, workers_per_link: dict[float, int]) -> float:
     """Push then pull of one tensor through a PS, on uncontended links otherwise.
 

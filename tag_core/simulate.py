@@ -20,7 +20,7 @@ from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .graph import OpGraph
 from .simulate_engine import Schedule, comm_totals, schedule
 from .simulate_expand import (
-    ALLREDUCE, KINDS, concat_transfers, edge_transfers, gradient_collectives, place, ps_pulls,
+    KINDS, concat_collectives, concat_transfers, edge_transfers, gradient_collectives, place, ps_pulls,
 )
 from .strategy import Strategy
 from .topology import Topology
@@ -136,6 +136,7 @@ class Simulator:
 
     def _variable_facts(self, graph: OpGraph) -> None:
         var_index = {v.name: i for i, v in enumerate(graph.variables)}
+        self.var_index = var_index
         self.num_vars = len(graph.variables)
         self.var_bytes = variable_bytes(graph)
         self.op_var = np.array([var_index.get(o.variable, -1) if o.variable else -1 for o in graph.ops], dtype=np.int64)
@@ -181,8 +182,10 @@ class Simulator:
         s = strategy
         s.validate(self.n, self.topology.num_machines, self.num_devices)
         p = place(self, s)
-        colls, reduced = gradient_collectives(self, p, s)
-        transfers = concat_transfers([edge_transfers(self, p, s, reduced), ps_pulls(self, p, s)])
+        grad_colls, reduced = gradient_collectives(self, p, s)
+        moves, edge_colls = edge_transfers(self, p, s, reduced)
+        transfers = concat_transfers([moves, ps_pulls(self, p, s)])
+        colls = concat_collectives([grad_colls, edge_colls])
         sched = schedule(self, p, s, transfers, colls)
         return self._result(s, p, transfers, colls, sched, timeline)
 
@@ -270,7 +273,7 @@ class Simulator:
         md, mk, ms, me = [t.cons_dev], [t.kind], [sched.tr_start], [sched.tr_end]
         for c, devices in enumerate(colls.devices):
             n = len(devices)
-            md.append(devices), mk.append(np.full(n, ALLREDUCE))
+            md.append(devices), mk.append(np.full(n, colls.kind[c]))
             ms.append(np.full(n, sched.coll_start[c])), me.append(np.full(n, sched.coll_end[c]))
         cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0)  # noqa: E731
         return Timeline(cat(cd).astype(np.int64), cat(co).astype(np.int64), cat(cs), cat(ce),

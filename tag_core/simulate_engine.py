@@ -162,7 +162,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
     tr_end = np.zeros(n_t)
     t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()
     t_chan, t_dur = t.channel.tolist(), tr_dur.tolist()
-    coll_chans, coll_dur = colls.channels, colls.duration.tolist()
+    coll_chans, coll_dur, coll_kind = colls.channels, colls.duration.tolist(), colls.kind.tolist()
     coll_start = np.zeros(len(colls))
     coll_end = np.zeros(len(colls))
     coll_end_l = [0.0] * len(colls)
@@ -179,7 +179,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
             arrive(t_cons_slot[ref], t_cons_k[ref], en)
         elif kind == 1:  # collective
             ready = max((end_at(sl, k) for sl, k in coll_inputs[ref]), default=0.0)
-            if not s.overlap:
+            if not s.overlap and coll_kind[ref] == ALLREDUCE:
                 if barrier is None:
                     barrier = _backward_end(ctx, chains, end_at)
                 ready = max(ready, barrier)
@@ -243,5 +243,8 @@ def comm_totals(t: Transfers, sched: Schedule, colls: Collectives) -> dict[str, 
         sums = np.bincount(t.kind, weights=sched.tr_dur, minlength=len(KINDS))
         for i, name in enumerate(KINDS):
             totals[name] += float(sums[i])
-    totals[KINDS[ALLREDUCE]] += float(colls.duration.sum())
+    if len(colls):
+        sums = np.bincount(colls.kind, weights=colls.duration, minlength=len(KINDS))
+        for i, name in enumerate(KINDS):
+            totals[name] += float(sums[i])
     return totals

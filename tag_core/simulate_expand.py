@@ -4,7 +4,13 @@ Everything here is vectorised over ops and edges; Python loops run only over the
 distinct (source placement, destination placement) pairs, groups and sync units.
 
 Placement kinds: SPLIT (replicated, each replica on its batch share), FULL (duplicated,
-full batch everywhere), SINGLE (one device: model-parallel ops and PS updates).
+full batch everywhere), SINGLE (one device: model-parallel ops and PS updates). Ops that
+Sufficient Factor Broadcasting duplicates (`Strategy.sfb`) run FULL on their replicated
+group's devices (or SINGLE on the variable's PS).
+
+Moves between placements are point-to-point transfers, except two collectives: rows split
+over a group gathered by a full copy on the same devices (all-gather), and one holder's
+tensor sent whole to several devices (broadcast).
 """
 
 from __future__ import annotations
@@ -13,20 +19,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import LATENCY_S, hierarchical_allreduce_time
+from .cost import LATENCY_S, broadcast_time, hierarchical_allgather_time, hierarchical_allreduce_time
 from .errors import TagInputError
 from .strategy import Strategy
 
 SPLIT, FULL, SINGLE = 0, 1, 2
-KINDS = ("p2p", "ps_pull", "ps_push", "gather", "allreduce")
-P2P, PS_PULL, PS_PUSH, GATHER, ALLREDUCE = range(5)
+KINDS = ("p2p", "ps_pull", "ps_push", "gather", "allreduce", "allgather", "broadcast")
+P2P, PS_PULL, PS_PUSH, GATHER, ALLREDUCE, ALLGATHER, BROADCAST = range(7)
 NORMAL, PUSH, REDUCED = 0, 1, 2  # how an edge's data reaches its consumer
 
 
 @dataclass
 class Placement:
     kind: np.ndarray  # per op: SPLIT / FULL / SINGLE
-    pl: np.ndarray  # per op: placement id (group g, or n_groups + device for SINGLE)
+    pl: np.ndarray  # per op: placement id (group g; G + device for SINGLE; G + D + g for SFB's full copies)
     group_active: np.ndarray  # bool (G, D): devices of each group
     group_share: np.ndarray  # (G, D): batch fraction of each device within its group
     single_dev: np.ndarray  # per op: device of SINGLE ops, else -1
@@ -48,9 +54,10 @@ class Transfers:
 
 @dataclass
 class Collectives:
-    """Gradient AllReduce units (one per tensor, or per fused bucket), as flat arrays."""
+    """Collective units, as flat arrays: gradient AllReduce (one per tensor, or per fused bucket),
+    all-gathers and broadcasts (one per tensor and destination placement)."""
 
-    group: np.ndarray  # per unit: the op group whose devices take part
+    kind: np.ndarray  # per unit: ALLREDUCE, ALLGATHER or BROADCAST
     nbytes: np.ndarray  # per unit
     duration: np.ndarray  # per unit, seconds
     channels: list[tuple[int, ...]]  # per unit: channels it occupies
@@ -61,7 +68,7 @@ class Collectives:
     cons_unit: np.ndarray  # ... and their unit
 
     def __len__(self) -> int:
-        return len(self.group)
+        return len(self.kind)
 
 
 def place(ctx, s: Strategy) -> Placement:
@@ -102,30 +109,53 @@ def place(ctx, s: Strategy) -> Placement:
         owners, rank = np.unique(ctx.apply_owner[ops], return_inverse=True)
         single[ops] = devs[rank % len(devs)]
         kind[ops] = SINGLE
-    pl = np.where(kind == SINGLE, G + single, g_of)
+    sfb_full = _sfb_placements(ctx, s, op_opt, kind, single)
+    pl = np.where(kind == SINGLE, G + single, np.where(sfb_full, G + D + g_of, g_of))
     return Placement(kind=kind, pl=pl, group_active=active, group_share=group_share, single_dev=single)
 
 
 _OPTION_CODE = {"allreduce": 0, "ps": 1, "duplicate": 2, "model_parallel": 3}
 
 
+def _sfb_placements(ctx, s: Strategy, op_opt: np.ndarray, kind: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """Apply `s.sfb`: in AllReduce groups the ops run FULL on the group's devices (returned as a mask);
+    in PS groups they run SINGLE on the variable's PS, which then needs no push."""
+    full = np.zeros(ctx.n, dtype=bool)
+    for name, ops in s.sfb.items():
+        v = ctx.var_index.get(name, -1)
+        if v < 0:
+            raise TagInputError(f"sfb[{name!r}]", "names no variable of the graph")
+        ops = np.asarray(ops, dtype=np.int64)
+        ps_ops = np.flatnonzero((ctx.apply_owner == v) & (kind == SINGLE) & (op_opt == 1))
+        ps_dev = int(single[ps_ops[0]]) if len(ps_ops) else -1
+        on_ps = (op_opt[ops] == 1) & (ps_dev >= 0)
+        single[ops[on_ps]] = ps_dev
+        kind[ops[on_ps]] = SINGLE
+        replicated = ops[~on_ps & np.isin(op_opt[ops], (0, 1))]
+        kind[replicated] = FULL
+        full[replicated] = True
+    return full
+
+
 def _placement_desc(ctx, p: Placement, s: Strategy, pl: int):
     """(kind, devices, batch intervals (lo, hi) per device, option) of placement id `pl`."""
-    G = s.num_groups
-    if pl >= G:
+    G, D = s.num_groups, ctx.num_devices
+    if G <= pl < G + D:
         dev = pl - G
         return SINGLE, np.array([dev]), np.array([0.0]), np.array([1.0]), -1
-    devs = np.flatnonzero(p.group_active[pl])
-    frac = p.group_share[pl, devs]
+    sfb = pl >= G + D
+    g = pl - G - D if sfb else pl
+    devs = np.flatnonzero(p.group_active[g])
+    frac = p.group_share[g, devs]
     hi = np.cumsum(frac)
     lo = hi - frac
     hi[-1] = 1.0
-    kind = FULL if s.options[pl] == "duplicate" else SPLIT
-    return kind, devs, lo, hi, _OPTION_CODE[s.options[pl]]
+    kind = FULL if sfb or s.options[g] == "duplicate" else SPLIT
+    return kind, devs, lo, hi, _OPTION_CODE[s.options[g]]
 
 
-def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> Transfers:
-    """The transfers every edge needs under placement `p`.
+def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> tuple[Transfers, Collectives]:
+    """The transfers and collectives (all-gathers, broadcasts) every edge needs under placement `p`.
 
     An edge pattern depends only on (source placement, destination placement, batch flag,
     sync mode), so patterns are worked out once per distinct combination and stamped onto
@@ -142,13 +172,13 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         mode[reduced] = REDUCED
         ps_src = (p.kind[ctx.e_src] == SPLIT) & (s.options_arr[s.op_groups[ctx.e_src]] == 1)
         mode[sync & ~reduced & ps_src & (p.kind[ctx.e_dst] == SINGLE)] = PUSH
-    P = s.num_groups + ctx.num_devices
+    P = 2 * s.num_groups + ctx.num_devices
     key = ((src_pl * P + dst_pl) * 2 + ctx.e_batch) * 3 + mode
     cross = src_pl != dst_pl
     if not cross.any() and not (mode == PUSH).any():
-        return _empty_transfers()
+        return _empty_transfers(), _no_collectives()
     uniq, inverse = np.unique(key, return_inverse=True)
-    pieces = []
+    pieces, gathered = [], []
     for u_i, u in enumerate(uniq.tolist()):
         m = u % 3
         b = (u // 3) % 2
@@ -156,7 +186,12 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         sp, dp = divmod(pair, P)
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
-        rows = _pattern(ctx, _placement_desc(ctx, p, s, sp), _placement_desc(ctx, p, s, dp), bool(b), m)
+        src, dst = _placement_desc(ctx, p, s, sp), _placement_desc(ctx, p, s, dp)
+        collective = _collective_shape(src, dst, bool(b), m)
+        if collective is not None:
+            gathered.append((np.flatnonzero(inverse == u_i), dp, *collective))
+            continue
+        rows = _pattern(ctx, src, dst, bool(b), m)
         if not rows:
             continue
         edges = np.flatnonzero(inverse == u_i)
@@ -165,8 +200,9 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         e_rep = np.repeat(edges, n_r)
         r_til = np.tile(r, (n_e, 1))
         pieces.append((e_rep, r_til))
+    colls = _edge_collectives(ctx, gathered)
     if not pieces:
-        return _empty_transfers()
+        return _empty_transfers(), colls
     e_idx = np.concatenate([e for e, _ in pieces])
     rows = np.concatenate([r for _, r in pieces])
     src_dev = rows[:, 0].astype(np.int64)
@@ -175,6 +211,61 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     return Transfers(
         cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev, src_op=ctx.e_src[e_idx], src_dev=src_dev, nbytes=nbytes,
         channel=ctx.dev_channel[src_dev, dst_dev], kind=rows[:, 3].astype(np.int64),
+    ), colls
+
+
+def _collective_shape(src, dst, batch: bool, mode: int):
+    """(kind, devices, shares) when the move from `src` to `dst` is a collective, else None.
+
+    All-gather: rows split over devices, wanted whole on each of the same devices.
+    Broadcast: one device's tensor wanted whole on two or more others.
+    """
+    s_kind, s_devs, s_lo, s_hi, _ = src
+    d_kind, d_devs, _, _, _ = dst
+    if mode != NORMAL or len(d_devs) < 2 or not (d_kind != SPLIT or not batch):
+        return None
+    if s_kind == SPLIT and batch:
+        if d_kind == FULL and len(s_devs) == len(d_devs) and np.array_equal(np.sort(s_devs), np.sort(d_devs)):
+            return ALLGATHER, s_devs, s_hi - s_lo
+        return None
+    if len(s_devs) == 1 and (d_devs != s_devs[0]).sum() >= 2:
+        return BROADCAST, np.union1d(s_devs, d_devs), None
+    return None
+
+
+def _edge_collectives(ctx, gathered) -> Collectives:
+    """One unit per (source tensor, destination placement) of each collective edge pattern."""
+    parts = []
+    for edges, dst_pl, kind, devs, shares in gathered:
+        tensors, unit_of_edge = np.unique(ctx.e_src[edges], return_inverse=True)
+        nbytes = np.zeros(len(tensors))
+        np.maximum.at(nbytes, unit_of_edge, ctx.e_bytes[edges])
+        order = np.argsort(devs, kind="stable")
+        counts, intra, inter, channels = _allreduce_shape(ctx, devs[order])
+        if kind == ALLGATHER:
+            duration = hierarchical_allgather_time(nbytes, shares[order], counts, intra, inter)
+        else:
+            slowest = min([bw for bw, k in zip(intra, counts) if k > 1] + ([inter] if len(counts) > 1 else []))
+            duration = broadcast_time(nbytes, len(devs), slowest) + 0.0 * nbytes
+        U = len(tensors)
+        parts.append(Collectives(np.full(U, kind), nbytes, duration, [channels] * U, [devs] * U, tensors,
+                                 np.arange(U), ctx.e_dst[edges], unit_of_edge))
+    return concat_collectives(parts)
+
+
+def concat_collectives(parts: list[Collectives]) -> Collectives:
+    parts = [c for c in parts if len(c)]
+    if not parts:
+        return _no_collectives()
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [len(c) for c in parts[:-1]])
+    cat = np.concatenate
+    return Collectives(
+        cat([c.kind for c in parts]), cat([c.nbytes for c in parts]), cat([c.duration for c in parts]),
+        [ch for c in parts for ch in c.channels], [d for c in parts for d in c.devices],
+        cat([c.inp_op for c in parts]), cat([c.inp_unit + o for c, o in zip(parts, offsets)]),
+        cat([c.cons_op for c in parts]), cat([c.cons_unit + o for c, o in zip(parts, offsets)]),
     )
 
 
@@ -272,7 +363,7 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
     var_unit[idx] = unit_of
     cons_unit = var_unit[ctx._sync_cons_owner]
     keep = cons_unit >= 0
-    return Collectives(unit_group, nbytes, durations, channels, devices, gops[idx], unit_of,
+    return Collectives(np.full(U, ALLREDUCE), nbytes, durations, channels, devices, gops[idx], unit_of,
                        ctx._sync_cons_flat[keep], cons_unit[keep]), reduced
 
 

@@ -15,6 +15,9 @@
 - `fusion_bytes`: gradient buckets for AllReduce (Horovod's tensor fusion); 0 = one per tensor.
 - `overlap`: gradient sync may start during the backward pass (False: after all of it, as
   TF's MirroredStrategy does).
+- `sfb`: Sufficient Factor Broadcasting, variable name -> the ops of its gradient that every
+  replica recomputes on the whole batch from broadcast factors instead of syncing the
+  gradient (tag_core.sfb decides them).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Strategy:
     op_devices: np.ndarray | None = None  # int per op: device for model-parallel ops, -1 = unset
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata kept through JSON
+    sfb: dict[str, list[int]] = field(default_factory=dict)  # variable -> ops duplicated for SFB
 
     def __post_init__(self) -> None:
         self.op_groups = np.asarray(self.op_groups, dtype=np.int64)
@@ -52,6 +56,7 @@ class Strategy:
         self.batch_shares = np.asarray(self.batch_shares, dtype=np.float64)
         if self.op_devices is not None:
             self.op_devices = np.asarray(self.op_devices, dtype=np.int64)
+        self.sfb = {str(k): [int(i) for i in v] for k, v in (self.sfb or {}).items()}
         self._check()
 
     @property
@@ -112,6 +117,9 @@ class Strategy:
             raise TagInputError("batch_shares", f"has {len(self.batch_shares)} entries but the topology has {num_devices} devices")
         if self.op_devices is not None and len(self.op_devices) and (self.op_devices.max() >= num_devices or self.op_devices.min() < -1):
             raise TagInputError("op_devices", f"device indices must lie in [-1, {num_devices})")
+        for name, ops in self.sfb.items():
+            if any(i < 0 or i >= num_ops for i in ops):
+                raise TagInputError(f"sfb[{name!r}]", f"op indices must lie in [0, {num_ops})")
 
     # ---- JSON ----------------------------------------------------------------
 
@@ -131,6 +139,8 @@ class Strategy:
         }
         if self.extra:
             data["extra"] = self.extra
+        if self.sfb:
+            data["sfb"] = {name: list(ops) for name, ops in sorted(self.sfb.items())}
         return data
 
     def to_json(self, indent: int | None = None) -> str:
@@ -187,6 +197,12 @@ class Strategy:
         overlap = data.get("overlap", True)
         if not isinstance(overlap, bool):
             raise TagInputError("overlap", "must be true or false")
+        sfb = data.get("sfb") or {}
+        if not isinstance(sfb, dict):
+            raise TagInputError("sfb", "must map variable names to lists of op indices")
+        for name, ops in sfb.items():
+            if not isinstance(ops, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ops):
+                raise TagInputError(f"sfb[{name!r}]", "must be a list of op indices")
         return cls(
             op_groups=np.array(op_groups, dtype=np.int64),
             masks=np.array(masks, dtype=bool),
@@ -197,6 +213,7 @@ class Strategy:
             op_devices=None if op_devices is None else np.array(op_devices, dtype=np.int64),
             name=str(data.get("name", "")),
             extra=dict(data.get("extra", {})),
+            sfb=sfb,
         )
 
     @classmethod
@@ -213,4 +230,6 @@ class Strategy:
                  np.round(self.batch_shares, 9).tobytes(), str((self.fusion_bytes, self.overlap)).encode()]
         if self.op_devices is not None:
             parts.append(self.op_devices.tobytes())
+        if self.sfb:
+            parts.append(repr(sorted(self.sfb.items())).encode())
         return b"#".join(parts)

@@ -12,7 +12,8 @@ from .simulate_expand import KINDS
 from .topology import Topology
 
 PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "update": "#55A868"}
-COMM_COLORS = {"p2p": "#8172B3", "ps_pull": "#937860", "ps_push": "#DA8BC3", "gather": "#8C8C8C", "allreduce": "#C44E52"}
+COMM_COLORS = {"p2p": "#8172B3", "ps_pull": "#937860", "ps_push": "#DA8BC3", "gather": "#8C8C8C", "allreduce": "#C44E52",
+               "allgather": "#55A868", "broadcast": "#CCB974"}
 
 
 def op_phases(graph: OpGraph) -> np.ndarray:

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from simgraphs import BATCH, W_BYTES, profiles, topology, train_graph
-from tag_core.cost import LATENCY_S, bytes_per_s, ring_allreduce_time, transfer_time
+from tag_core.cost import (
+    LATENCY_S, allgather_time, broadcast_time, bytes_per_s, hierarchical_allgather_time, ring_allreduce_time,
+    transfer_time,
+)
 from tag_core.errors import TagInputError
 from tag_core.graph import Edge, Op, OpGraph
 from tag_core.simulate import Simulator, simulate
@@ -161,6 +164,61 @@ def test_duplicate_computes_the_full_batch_everywhere_without_sync():
     r = simulate(g, topo, _dp(g, topo, option="duplicate"), profiles(g, V100))
     assert sum(r.comm_s.values()) == 0.0
     assert r.iteration_time_s == pytest.approx(sum(_times(g, V100, BATCH).values()))
+
+
+ACTIVATION_BYTES = 4 * BATCH * 256  # dmm0's output in train_graph, whole batch
+
+
+def test_sfb_rebuilds_the_gradient_from_all_gathered_factors():
+    g = train_graph(layers=1)
+    topo = topology(("m", V100, 2, 50.0))
+    gw0 = g.index["gw0"]
+    r = simulate(g, topo, _dp(g, topo, sfb={"w0": [gw0]}), profiles(g, V100))
+    gather = allgather_time(ACTIVATION_BYTES, 2, 50.0)
+    assert r.comm_s["allreduce"] == 0.0
+    assert r.comm_s["allgather"] == pytest.approx(gather)
+    # Every op on its half batch (gw0 does not scale with it), then the factors' all-gather before gw0.
+    assert r.iteration_time_s == pytest.approx(sum(_times(g, V100, BATCH / 2).values()) + gather, rel=1e-9)
+    plain = simulate(g, topo, _dp(g, topo), profiles(g, V100))
+    assert plain.comm_s["allreduce"] == pytest.approx(ring_allreduce_time(W_BYTES, 2, 50.0))
+    assert r.iteration_time_s < plain.iteration_time_s  # 64 KiB of factors against a 4 MB gradient
+
+
+def test_sfb_in_a_ps_group_gathers_the_factors_on_the_ps_only():
+    g = train_graph(layers=1)
+    topo = topology(("m", V100, 2, 50.0))
+    r = simulate(g, topo, _dp(g, topo, option="ps", sfb={"w0": [g.index["gw0"]]}), profiles(g, V100))
+    assert r.comm_s["ps_push"] == 0.0
+    assert r.comm_s["gather"] == pytest.approx(transfer_time(ACTIVATION_BYTES / 2, 50.0))
+    assert r.comm_s["ps_pull"] == pytest.approx(transfer_time(W_BYTES, 50.0))
+
+
+def test_split_rows_wanted_whole_on_the_same_devices_are_all_gathered():
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 2, 100.0), ("b", V100, 3, 50.0), inter_gbps=10.0)
+    tail = np.array([op.name in ("gw0", "apply0") for op in g.ops], dtype=np.int64)
+    s = Strategy(tail, np.ones((2, 2), bool), ["allreduce", "duplicate"], np.ones(5))
+    r = simulate(g, topo, s, profiles(g, V100))
+    # dmm0's rows feed the duplicated gradient: a ring inside each machine, across them, then spread.
+    expected = hierarchical_allgather_time(ACTIVATION_BYTES, np.full(5, 0.2), [2, 3], [100.0, 50.0], 10.0)
+    a = ACTIVATION_BYTES
+    inside = max(allgather_time(0.4 * a, 2, 100.0), allgather_time(0.6 * a, 3, 50.0))
+    spread = max(broadcast_time(0.6 * a, 2, 100.0), broadcast_time(0.4 * a, 3, 50.0))
+    by_hand = inside + allgather_time(2 * 0.6 * a, 2, 10.0) + spread  # machine pieces padded to the larger
+    assert expected == pytest.approx(by_hand)
+    assert r.comm_s["allgather"] == pytest.approx(expected)
+    assert r.comm_s["p2p"] == 0.0 and r.comm_s["gather"] == 0.0
+
+
+def test_one_devices_tensor_wanted_on_several_is_broadcast():
+    nbytes = 10**7
+    g = OpGraph("bcast", 1, [Op("a", "Relu", nbytes, 0), Op("b", "Neg", 4, 0)], [Edge(0, 1, nbytes, False, "a:0")], [])
+    topo = topology(("m", V100, 3, 100.0), ("n", V100, 1, 100.0), inter_gbps=10.0)
+    s = Strategy(np.array([0, 1]), np.array([[1, 0], [1, 1]], bool), ["model_parallel", "duplicate"], np.ones(4),
+                 op_devices=np.array([0, -1]))
+    r = simulate(g, topo, s)
+    assert r.comm_s["broadcast"] == pytest.approx(broadcast_time(nbytes, 4, 10.0))
+    assert r.comm_s["p2p"] == 0.0
 
 
 def test_symmetry_shortcut_is_exact_and_results_are_deterministic():
