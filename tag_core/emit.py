@@ -56,6 +56,7 @@ class Emission:
     lineage: dict[str, Any]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    fusion: dict[str, Any] | None = None  # what `fusion.mark_emitted_for_xla` marked, when a fusion plan was applied
 
     @property
     def devices(self) -> list[str]:
@@ -76,6 +77,7 @@ class Emission:
             "collectives": len(self.emitted.collectives),
             "placements": kinds,
             "emit_seconds": round(self.seconds, 3),
+            **({"fusion": self.fusion} if self.fusion is not None else {}),
         }
 
 
@@ -111,9 +113,11 @@ StrategySource = Strategy | str | Callable[[OpGraph, Topology], Strategy]
 
 
 def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_kind: str = "gpu",
-         plan: dict[str, Any] | None = None, profiles=None) -> Emission:
+         plan: dict[str, Any] | None = None, profiles=None, fusion=None) -> Emission:
     """Trace `spec`, check the plan's lineage, and build the distributed step for `strategy`: a Strategy,
-    a name (see `resolve_strategy`), or a function of the captured OpGraph and the topology."""
+    a name (see `resolve_strategy`), or a function of the captured OpGraph and the topology.
+    With `fusion` (a FusionPlan, or a function of the captured OpGraph and the step returning one), each
+    copy of each fused pattern is marked as one XLA cluster (`fusion.mark_emitted_for_xla`)."""
     import keras
 
     from .trace import build_keras, trace_step
@@ -154,6 +158,12 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     builder = GraphBuilder(used_traces, batch, graph, placed, device_names(topology, device_kind), machines,
                            fusion_bytes=int(strategy.fusion_bytes))
     emitted = builder.build()
+    fused = None
+    if fusion is not None:
+        from .fusion import mark_emitted_for_xla
+
+        fusion = fusion(graph, traced(captured_batch)) if callable(fusion) else fusion
+        fused = mark_emitted_for_xla(emitted.graph_def, fusion)
     check_imports(emitted.graph_def)
     values = _initial_values(traces[batch], keras_objects)
     notes = list(placed.notes)
@@ -165,7 +175,7 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     return Emission(spec=spec, topology=topology, strategy=strategy, device_kind=device_kind, batch_size=batch,
                     graph=graph, placed=placed, emitted=emitted, reference=traces[batch], traces=used_traces,
                     initial_values=values,
-                    lineage=lineage, seconds=time.perf_counter() - start, notes=notes)
+                    lineage=lineage, seconds=time.perf_counter() - start, notes=notes, fusion=fused)
 
 
 def _traceable_rows(rows: list[int], traceable: Callable[[int], bool]) -> list[int]:
@@ -243,7 +253,7 @@ def plan_topology(plan: dict[str, Any], topology: Topology | None) -> Topology:
 
 def emit_folder(spec: ModelSpec, out: str | Path, topology: Topology | None, strategy: str | None = None,
                 plan: dict[str, Any] | None = None, device_kind: str = "gpu", force: bool = False,
-                profiles=None) -> Emission:
+                profiles=None, fusion=None) -> Emission:
     """Emit for a plan (dict, as `tag plan` writes it) or a named strategy, and write `out`."""
     out = Path(out)
     if out.exists() and not force:  # before any tracing: fail fast
@@ -258,6 +268,6 @@ def emit_folder(spec: ModelSpec, out: str | Path, topology: Topology | None, str
         raise TagInputError("--strategy", "give --plan, or --topology with --strategy")
     else:
         chosen = strategy
-    emission = emit(spec, topology, chosen, device_kind, plan=plan, profiles=profiles)
+    emission = emit(spec, topology, chosen, device_kind, plan=plan, profiles=profiles, fusion=fusion)
     write_emission(emission, out, force=force)
     return emission

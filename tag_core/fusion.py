@@ -14,6 +14,7 @@ serialises work that could have run side by side.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -299,6 +300,38 @@ class _Context:
 def mark_for_xla(graph_def, plan: FusionPlan) -> int:
     """Mark each pattern's nodes (and constants only they read) as one XLA cluster; returns nodes marked."""
     scope_of = {name: f"fusion_{k}" for k, pattern in enumerate(plan.patterns) for name in pattern}
+    return _mark_scopes(graph_def, scope_of)
+
+
+EMITTED_COPY = re.compile(r"^tag/p(\d+)/([rg]\d+)/(.+)$")
+
+
+def mark_emitted_for_xla(graph_def, plan: FusionPlan) -> dict:
+    """Mark the fusion plan's patterns in an emitted (distributed) step, as `mark_for_xla` does for the
+    single-device one.
+
+    The emitter copies op `name` once per copy of its placement, as `tag/p<placement>/<r|g><k>/name`:
+    each copy of a pattern on one device becomes its own cluster, `_XlaScope="fusion_<k>/p<placement>/<copy>"`
+    (an XLA cluster runs on one device, and different scopes never merge). Returns what was marked.
+    """
+    pattern_of = {name: k for k, pattern in enumerate(plan.patterns) for name in pattern}
+    scope_of: dict[str, str] = {}
+    for node in graph_def.node:
+        match = EMITTED_COPY.match(node.name)
+        if match is None or match.group(3) not in pattern_of:
+            continue
+        device = node.device.rsplit("/", 1)[-1].replace(":", "").lower() if node.device else ""
+        scope = f"fusion_{pattern_of[match.group(3)]}/p{match.group(1)}/{match.group(2)}"
+        scope_of[node.name] = f"{scope}/{device}" if device else scope
+    fused = {scope for scope in scope_of.values()}
+    marked = _mark_scopes(graph_def, scope_of)
+    return {"patterns": len(plan.patterns), "ops_fused": plan.ops_fused, "clusters": len(fused),
+            "nodes_marked": marked}
+
+
+def _mark_scopes(graph_def, scope_of: dict[str, str]) -> int:
+    """Set `_XlaCompile`/`_XlaScope` on the named nodes and on constants read only by one scope."""
+    scope_of = dict(scope_of)
     nodes = {node.name: node for node in graph_def.node}
     consumers: dict[str, set[str]] = {}
     for node in graph_def.node:
@@ -309,6 +342,7 @@ def mark_for_xla(graph_def, plan: FusionPlan) -> int:
             scopes = {scope_of.get(c) for c in consumers.get(node.name, ())}
             if len(scopes) == 1 and None not in scopes:
                 scope_of[node.name] = scopes.pop()
+    marked = 0
     for name, scope in scope_of.items():
         node = nodes.get(name)
         if node is None:
@@ -316,4 +350,5 @@ def mark_for_xla(graph_def, plan: FusionPlan) -> int:
         node.attr["_XlaCompile"].b = True
         node.attr["_XlaScope"].s = scope.encode()
         node.attr["_XlaSeparateCompiledGradients"].b = False
-    return len(scope_of)
+        marked += 1
+    return marked

@@ -146,3 +146,76 @@ def test_planner_sees_fused_costs(transformer):
                                "kernels_before": fusion.kernels_before, "kernels_after": fusion.kernels_after}
     assert "fusion" not in plain
     assert fused["baselines"]["dp_nccl"]["iteration_time_s"] < plain["baselines"]["dp_nccl"]["iteration_time_s"]
+
+
+TWO_BY_TWO = {"name": "two2", "inter_gbps": 10,
+              "machines": [{"name": "a", "gpu": "V100-32GB", "count": 2, "intra_gbps": 100},
+                           {"name": "b", "gpu": "GTX1080Ti", "count": 2, "intra_gbps": 64}]}
+
+
+def _clusters(graph_def) -> dict[str, set[str]]:
+    """_XlaScope -> devices of its nodes."""
+    scopes: dict[str, set[str]] = {}
+    for node in graph_def.node:
+        if "_XlaScope" in node.attr:
+            assert node.attr["_XlaCompile"].b
+            scopes.setdefault(node.attr["_XlaScope"].s.decode(), set()).add(node.device)
+    return scopes
+
+
+@pytest.mark.timeout(600)
+def test_emit_with_a_fusion_plan_file_passes_the_check(tmp_path, tag_home, capsys):
+    """`tag fuse --json` > file; `tag emit --fusion file`; `tag run --check` holds within 1e-4."""
+    from tensorflow.core.framework import graph_pb2
+
+    from tag_core.cli import main
+
+    model = "mlp[features=12,hidden=16]"
+    assert main(["fuse", model, "--batch-size", "8", "--json"]) == 0
+    fusion = json.loads(capsys.readouterr().out)
+    assert fusion["patterns"]
+    (tmp_path / "fusion.json").write_text(json.dumps(fusion))
+    (tmp_path / "topology.json").write_text(json.dumps(TWO_BY_TWO))
+    out = tmp_path / "emitted"
+    assert main(["emit", model, "--topology", str(tmp_path / "topology.json"), "--strategy", "allreduce",
+                 "--device-kind", "cpu", "--batch-size", "8", "--fusion", str(tmp_path / "fusion.json"),
+                 "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["fusion"]["patterns"] == len(fusion["patterns"])
+    assert summary["fusion"]["ops_fused"] == fusion["ops_fused"]
+    graph_def = graph_pb2.GraphDef.FromString((out / "graph.pb").read_bytes())
+    scopes = _clusters(graph_def)
+    # Each copy of a pattern is its own cluster, on one device: four replicas, four copies of every pattern
+    # (more where a pattern spans per-replica backward ops and the optimizer update all replicas run).
+    assert len(scopes) == summary["fusion"]["clusters"] >= 4 * len(fusion["patterns"])
+    assert all(len(devices) == 1 for devices in scopes.values())
+    assert json.loads((out / "plan.json").read_text())["summary"]["fusion"] == summary["fusion"]
+    assert main(["run", str(out), "--steps", "2", "--check", "--json", "--timeout", "240"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and len(report["steps"]) == 2 and report["max_relative_difference"] <= 1e-4
+
+
+@pytest.mark.timeout(600)
+def test_emitted_cnn_with_fresh_fusion_plan_matches_single_device(tmp_path):
+    from tag_core.emit import emit, write_emission
+    from tag_core.runtime import run_emitted
+    from tag_core.topology import parse_topology
+
+    emission = emit(resolve_model("small_cnn[image_size=8]", 8), parse_topology(TWO_BY_TWO), "duplicate", "cpu",
+                    fusion=lambda graph, step: plan_fusion(graph, step.graph_def))
+    assert emission.fusion["patterns"] > 0 and emission.fusion["nodes_marked"] >= emission.fusion["ops_fused"]
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=240, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert all(step["passed"] and step["max_relative_difference"] <= 1e-4 for step in result.steps)
+
+
+def test_emit_rejects_a_fusion_plan_of_another_model(tmp_path, tag_home):
+    from tag_core.cli import main
+
+    (tmp_path / "fusion.json").write_text(json.dumps({"model": "other", "patterns": [], "kernels_before": 1,
+                                                      "kernels_after": 1}))
+    (tmp_path / "topology.json").write_text(json.dumps(TWO_BY_TWO))
+    assert main(["emit", "mlp", "--topology", str(tmp_path / "topology.json"), "--strategy", "allreduce",
+                 "--fusion", str(tmp_path / "fusion.json"), "--out", str(tmp_path / "out")]) == 2

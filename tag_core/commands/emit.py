@@ -20,6 +20,10 @@ def register(subparsers) -> None:
     parser.add_argument("--device-kind", choices=("gpu", "cpu"), default="gpu",
                         help="GPU devices (a real cluster) or logical CPU devices (to run here); default gpu")
     parser.add_argument("--batch-size", type=positive_int, help="global batch (default: the plan's, else the model's)")
+    parser.add_argument("--fusion", nargs="?", const="stored", metavar="FUSION_JSON",
+                        help="mark TAG's fusion plan in the emitted graph: each copy of each fused pattern becomes "
+                             "one XLA cluster. Alone: the stored plan of this graph (the fusion_plan asset's), else "
+                             "a fresh untuned one; with a file: a plan from `tag fuse --json`")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(run=run)
@@ -43,6 +47,60 @@ def _profiles(args, model: str):
     return None if profiles.empty else profiles
 
 
+def _fusion(args, model: str):
+    """A function of the captured graph and step giving the fusion plan to mark, or None."""
+    from ..errors import TagInputError
+    from ..fusion import FusionPlan, plan_fusion
+
+    if args.fusion is None:
+        return None
+    given = None
+    if args.fusion != "stored":
+        import json
+
+        path = Path(args.fusion)
+        if not path.is_file():
+            raise TagInputError("--fusion", f"{path} does not exist")
+        try:
+            given = FusionPlan.from_json(json.loads(path.read_text()))
+        except json.JSONDecodeError as exc:
+            raise TagInputError("--fusion", f"{path} is not valid JSON: {exc}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise TagInputError("--fusion", f"{args.fusion} is not a fusion plan (`tag fuse --json`): {exc}") from None
+        if given.model != model:
+            raise TagInputError("--fusion", f"{args.fusion} is a fusion plan for {given.model!r}, not {model!r}")
+
+    def fusion_plan(graph, step):
+        plan = given if given is not None else _stored_fusion(args, model, graph.content_hash())
+        if plan is None:
+            return plan_fusion(graph, step.graph_def)
+        missing = [name for pattern in plan.patterns for name in pattern if name not in graph.index]
+        if missing:
+            raise TagInputError("--fusion", f"the fusion plan names ops the captured graph does not have "
+                                            f"({', '.join(missing[:3])}); run `tag fuse` again")
+        return plan
+
+    return fusion_plan
+
+
+def _stored_fusion(args, model: str, graph_hash: str):
+    from .. import store
+    from ..fusion import FusionPlan
+
+    path = Path(args.db) if args.db else store.default_database()
+    if not path.exists():
+        return None
+    try:
+        conn = store.connect(path, read_only=True)
+    except Exception:  # another process is writing: plan afresh
+        return None
+    try:
+        stored = store.load_fusion_plan(conn, model, graph_hash)
+    finally:
+        conn.close()
+    return None if stored is None else FusionPlan.from_json(stored)
+
+
 def run(args) -> int:
     from ..emit import emit_folder, read_plan
     from ..errors import TagInputError
@@ -62,7 +120,7 @@ def run(args) -> int:
     spec = resolve_model(args.model, None if plan is not None else batch)
     topology = load_topology(args.topology) if args.topology else None
     emission = emit_folder(spec, out, topology, strategy=args.strategy, plan=plan, device_kind=args.device_kind,
-                           force=args.force, profiles=_profiles(args, spec.name))
+                           force=args.force, profiles=_profiles(args, spec.name), fusion=_fusion(args, spec.name))
     summary = emission.summary()
     if args.json:
         print_json({**summary, "out": str(out), "notes": emission.notes})
@@ -70,6 +128,10 @@ def run(args) -> int:
     print(f"wrote {out}: {summary['emitted_ops']:,} ops (single-device step: {summary['single_device_ops']:,}), "
           f"{summary['collectives']} collective ops, {summary['device_kind']} devices, batch {summary['batch_size']}, "
           f"in {summary['emit_seconds']:.1f} s")
+    if "fusion" in summary:
+        f = summary["fusion"]
+        print(f"fusion: {f['patterns']} patterns ({f['ops_fused']} ops) marked as {f['clusters']} XLA clusters "
+              f"({f['nodes_marked']} nodes with _XlaCompile)")
     for note in emission.notes:
         print(f"note: {note}")
     print(f"run it here: tag run {out} --check" if summary["device_kind"] == "cpu"
