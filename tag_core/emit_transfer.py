@@ -73,6 +73,10 @@ class Transfers:
             for name, at, k in own:
                 a, b = producer.rows(k)
                 if max(lo, a) < min(hi, b):
+                    if b - a == 1 and facts.axis >= 0 and min(facts.shape) > 0:
+                        # A one-row copy may have lost its batch axis to broadcasting (TF sums size-1 axes).
+                        shape = tuple(facts.per_sample if i == facts.axis else n for i, n in enumerate(facts.shape))
+                        name = self.sink.reshape(name, shape, facts.dtype, self.devices[at])
                     pieces.append(self._rows(name, facts, max(lo, a) - a, min(hi, b) - a, b - a, at, src))
             return self.sink.concat(pieces, facts.axis, facts.dtype, dev)
         if facts.kind == INVARIANT:

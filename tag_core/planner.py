@@ -15,7 +15,9 @@ Steps:
    device set: TagInputError with the memory needed against the cluster's.
 4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
 5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
-6. ideal time: the step's compute, perfectly balanced over every device, no
+6. Sufficient Factor Broadcasting (sfb.py) on MCTS's plan: a MILP per synchronised gradient,
+   kept where the simulated step gets faster (`sfb=False` skips it).
+7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 """
 
@@ -41,6 +43,7 @@ from .graph import OpGraph
 from .grouping import DEFAULT_GROUPS, OpGroups, group_ops
 from .mcmc import mcmc_search
 from .mcts import MODEL_PARALLEL, ActionSpace, Budget, Evaluator, Mcts, MctsConfig, Prior, Score, SearchResult
+from .sfb import DEFAULT_TIME_LIMIT_S, apply_sfb
 from .simulate import Simulator
 from .strategy import OPTIONS, Strategy
 from .topology import Topology
@@ -49,7 +52,7 @@ DEFAULT_ITERATIONS = 300
 BASELINE_NAMES = ("dp-nccl", "dp-nccl-p", "horovod")
 # Source files whose behaviour a plan depends on: their hash is the plan's code version.
 _CODE_FILES = ("planner.py", "mcts.py", "mcmc.py", "simulate.py", "simulate_engine.py", "simulate_expand.py",
-               "cost.py", "strategy.py", "grouping.py", "baselines.py")
+               "cost.py", "strategy.py", "grouping.py", "baselines.py", "sfb.py")
 
 
 def code_version() -> str:
@@ -125,6 +128,12 @@ class Plan:
     evaluator: Evaluator | None = field(default=None, repr=False)  # the search's (for benchmarks)
     start: np.ndarray | None = field(default=None, repr=False)  # the default plan both searches began from
     fusion: dict[str, Any] | None = None  # the fusion plan the costs assumed: patterns, ops_fused, kernels
+    sfb: dict[str, Any] | None = None  # SfbResult.to_dict(): the gradients rebuilt from factors, solve times
+
+    @property
+    def time_s(self) -> float:
+        """The plan's simulated iteration time: MCTS's strategy, with SFB where it was kept."""
+        return self.sfb["iteration_time_s"] if self.sfb else self.tag.time_s
 
     def to_dict(self) -> dict[str, Any]:
         dp = self.baselines["dp_nccl"]
@@ -134,11 +143,11 @@ class Plan:
             "batch_size": self.batch_size,
             "groups": self.groups.num_groups,
             "strategy": self.strategy.to_dict(),
-            "tag": {"iteration_time_s": self.tag.time_s, "actions": self.actions,
-                    "peak_memory_bytes": self.peak_memory_bytes, "settings": self.settings},
+            "tag": {"iteration_time_s": self.time_s, "iteration_time_s_without_sfb": self.tag.time_s,
+                    "actions": self.actions, "peak_memory_bytes": self.peak_memory_bytes, "settings": self.settings},
             "baselines": {k: {"iteration_time_s": v, "oom": self.baseline_oom.get(k, False)}
                           for k, v in self.baselines.items()},
-            "speedup_vs_dp_nccl": dp / self.tag.time_s if not self.baseline_oom.get("dp_nccl") else None,
+            "speedup_vs_dp_nccl": dp / self.time_s if not self.baseline_oom.get("dp_nccl") else None,
             "ideal_time_s": self.ideal_s,
             "oom": self.oom,
             "search": {"iterations": self.tag.iterations, "simulations": self.simulations,
@@ -146,6 +155,7 @@ class Plan:
                        "first_better_than_dp_iteration": self.tag.first_better_than_dp_iteration},
             "lineage": self.lineage,
             **({"fusion": self.fusion} if self.fusion is not None else {}),
+            **({"sfb": self.sfb} if self.sfb is not None else {}),
         }
 
 
@@ -166,6 +176,8 @@ def plan(
     lineage: dict[str, Any] | None = None,
     show_progress: bool = False,
     fusion: FusionPlan | None = None,
+    sfb: bool = True,
+    sfb_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Plan:
     """Search a plan for `graph` on `topology`; see the module docstring for the steps.
 
@@ -198,6 +210,11 @@ def plan(
     mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed)
     strategy = ev.strategy(tag.actions)
     strategy.extra = {"machines": [m.name for m in topology.machines]}
+    sfb_report = None
+    if sfb:
+        with _spinner("SFB: a MILP per synchronised gradient", show_progress):
+            decided = apply_sfb(sim, strategy, sfb_time_limit_s)
+        strategy, sfb_report = decided.strategy, decided.to_dict(sim)
     final = sim.run(strategy)
     times = {k: float(r.iteration_time_s) for k, r in base.items()}
     times["mcmc"] = mcmc.time_s
@@ -217,6 +234,7 @@ def plan(
         fusion=None if fusion is None else {"patterns": len(fusion.patterns), "ops_fused": fusion.ops_fused,
                                             "kernels_before": fusion.kernels_before,
                                             "kernels_after": fusion.kernels_after},
+        sfb=sfb_report,
     )
 
 
@@ -293,6 +311,26 @@ def warm_start_actions(previous: dict | Strategy, graph: OpGraph, topology: Topo
             mask[:] = True
         out[g] = space.index(mask, previous.options[og])
     return out
+
+
+class _spinner:
+    """One line saying what runs, then how long it took (when progress is shown)."""
+
+    def __init__(self, what: str, show: bool):
+        self.what, self.show = what, show
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+        if self.show:
+            import sys
+
+            print(f"{self.what} ...", end="", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self.show:
+            import sys
+
+            print(f" {time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)
 
 
 class _progress:

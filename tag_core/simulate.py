@@ -11,6 +11,7 @@ Results are deterministic: no randomness, and every tie is broken by an index.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,7 @@ class Simulator:
         self.e_bytes = np.array([e.bytes for e in E], dtype=np.float64) * np.where(self.e_batch, scale, 1.0)
         self._topology_arrays(topology)
         self.ref_time = self.compute.times(topology.devices[0].gpu, self.batch)
-        self.order, self.pos = _priority_order(self, graph)
+        self.order, self.pos, self.tail = _priority_order(self, graph)
         self._variable_facts(graph)
 
     # ---- precompute ----------------------------------------------------------
@@ -168,6 +169,23 @@ class Simulator:
         self.sync_consumers = consumers
         self._sync_cons_flat = np.concatenate(consumers) if consumers else np.zeros(0, dtype=np.int64)
         self._sync_cons_owner = np.repeat(np.arange(len(consumers)), [len(c) for c in consumers])
+
+    @cached_property
+    def in_edges(self) -> list[np.ndarray]:
+        """Edge indices into each op."""
+        return _edges_by(self.e_dst, self.n)
+
+    @cached_property
+    def out_edges(self) -> list[np.ndarray]:
+        return _edges_by(self.e_src, self.n)
+
+    @cached_property
+    def predecessors(self) -> list[list[int]]:
+        return [self.e_src[e].tolist() for e in self.in_edges]
+
+    @cached_property
+    def successors(self) -> list[list[int]]:
+        return [self.e_dst[e].tolist() for e in self.out_edges]
 
     def sync_all_single(self, kind: np.ndarray) -> np.ndarray:
         """Per sync variable: are all consumers of its gradient single-device ops (a PS update)?"""
@@ -292,7 +310,12 @@ def simulate(
     return Simulator(graph, topology, profiles, batch_size).run(strategy, timeline=timeline)
 
 
-def _priority_order(sim: Simulator, graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
+def _edges_by(endpoint: np.ndarray, n: int) -> list[np.ndarray]:
+    order = np.argsort(endpoint, kind="stable")
+    return np.split(order, np.searchsorted(endpoint[order], np.arange(1, n)))
+
+
+def _priority_order(sim: Simulator, graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Global execution order: as-soon-as-possible start under reference op times, inputs
     fetched just in time, and the optimizer update (with all that depends on it) last.
 
@@ -324,7 +347,7 @@ def _priority_order(sim: Simulator, graph: OpGraph) -> tuple[np.ndarray, np.ndar
     order = np.lexsort((rank, np.array(key), tail))
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
-    return order, pos
+    return order, pos, tail
 
 
 def _apply_owner(graph: OpGraph, var_index: dict[str, int], op_var: np.ndarray, is_apply: np.ndarray,

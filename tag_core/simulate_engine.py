@@ -80,7 +80,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
     on = p.group_active[g_of][:, slots.dev].T & (p.kind != SINGLE)[None, :]
     single_ops = np.flatnonzero(p.kind == SINGLE)
     on[slots.of_dev[p.single_dev[single_ops]], single_ops] = True
-    order = ctx.order
+    order, pos = _execution_order(ctx, s)
     cidx = np.full((S, n), -1, dtype=np.int64)
     chains, durs, batches, C, Cp = [], [], [], [], []
     for k in range(S):
@@ -100,7 +100,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
     src_k = np.where(t.src_op >= 0, cidx[src_slot, np.maximum(t.src_op, 0)], -1)
     cons_k = cidx[cons_slot, t.cons_op]
     n_t = len(t.cons_op)
-    keys_pos = [ctx.pos[t.cons_op]]
+    keys_pos = [pos[t.cons_op]]
     keys_rank = [np.ones(n_t, dtype=np.int64)]
     kinds = [np.zeros(n_t, dtype=np.int64)]
     refs = [np.arange(n_t)]
@@ -122,7 +122,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
         np.minimum.at(first, (np.repeat(np.arange(S), len(colls.cons_op)), np.tile(colls.cons_unit, S)), k_cons.ravel())
         d_slot, d_unit = np.nonzero(first < big)
         d_k = first[d_slot, d_unit]
-        chain_pos = [ctx.pos[c] for c in chains]
+        chain_pos = [pos[c] for c in chains]
         d_pos = np.array([chain_pos[a][b] for a, b in zip(d_slot.tolist(), d_k.tolist())], dtype=np.int64)
         u_pos = np.full(U, big, dtype=np.int64)
         np.minimum.at(u_pos, d_unit, d_pos)
@@ -213,6 +213,28 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
         iteration = max(iteration, float(coll_end.max()))
     return Schedule(slots, chains, starts, ends, durs, on, cidx, batches, tr_start, tr_end, tr_dur, src_slot,
                     cons_slot, coll_start, coll_end, iteration)
+
+
+def _execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:
+    """The simulator's priority order, with SFB's duplicated ops moved to just before the update.
+
+    Devices run their ops in order, so an op waiting for gathered factors would hold back the
+    rest of the backward pass; TF's executor runs whatever is ready instead. An op moves only
+    when everything it feeds moves too or belongs to the update, so the order stays topological.
+    """
+    if not s.sfb:
+        return ctx.order, ctx.pos
+    moved = np.zeros(ctx.n, dtype=bool)
+    for ops in s.sfb.values():
+        moved[ops] = True
+    for i in ctx.order[::-1][moved[ctx.order[::-1]]].tolist():
+        moved[i] = all(moved[j] or ctx.tail[j] for j in ctx.successors[i])
+    late = moved[ctx.order]
+    tail = ctx.tail[ctx.order]
+    order = np.concatenate([ctx.order[~late & ~tail], ctx.order[late & ~tail], ctx.order[tail]])
+    pos = np.empty(ctx.n, dtype=np.int64)
+    pos[order] = np.arange(ctx.n)
+    return order, pos
 
 
 def _durations(ctx, gpu, ops: np.ndarray, eb: np.ndarray) -> np.ndarray:

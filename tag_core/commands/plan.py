@@ -28,6 +28,10 @@ def register(subparsers) -> None:
                                                              "$TAG_GNN_CHECKPOINT, else data/checkpoints/default.pt)")
     parser.add_argument("--fusion", action="store_true",
                         help="cost fused kernels of memory-intensive ops (the stored fusion plan, else a fresh one)")
+    parser.add_argument("--no-sfb", action="store_true",
+                        help="skip Sufficient Factor Broadcasting (by default a MILP per gradient after the search)")
+    parser.add_argument("--sfb-time-limit", type=positive_float, default=5.0, metavar="S",
+                        help="seconds per gradient's SFB solve; a solve past it keeps the gradient's sync (default 5)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--out", metavar="PLAN_JSON", help="write the plan JSON to this file (atomically)")
     parser.set_defaults(run=run)
@@ -86,7 +90,7 @@ def run(args) -> int:
         result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
                       seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True,
                       prior=prior.prior, lineage={"warm_start_from": args.warm_start, **prior.lineage()},
-                      fusion=fusion)
+                      fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit)
     except TagInputError as exc:
         if exc.where == "strategy" or exc.where.startswith(("groups", "batch_shares", "op_groups")):
             raise TagInputError(f"--warm-start {args.warm_start}: {exc.where}", exc.problem) from None
@@ -131,6 +135,10 @@ def format_table(data: dict, actions: list[str]) -> str:
              f"{'plan':<20} {'iteration ms':>13} {'TAG speedup':>12}"]
     for label, t, oom, speedup in comparison_rows(data):
         lines.append(f"{label:<20} {t * 1e3:13.2f} {speedup:11.2f}x" + ("  OUT OF MEMORY" if oom else ""))
+    sfb = data.get("sfb")
+    if sfb:
+        lines.append(f"SFB: {len(sfb['gradients'])} of {sfb['considered']} synchronised gradients rebuilt from "
+                     f"factors ({sfb['iteration_time_s_without_sfb'] * 1e3:.2f} ms without)")
     first = search["first_better_than_dp_iteration"]
     lines.append(f"search: {search['iterations']} iterations, {search['simulations']} simulations, "
                  f"{search['wall_s']:.1f} s; better than DP-NCCL from iteration {first if first else 'never'}")
