@@ -257,8 +257,8 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
         return Decision(sub.variable, name, "ruled_out", sync_saved_s=saved)
 
     problem = pulp.LpProblem("sfb", pulp.LpMinimize)
-    x = {i: pulp.LpVariable(f"x{i}", cat="Binary") for i in sub.ops}
-    b = {j: pulp.LpVariable(f"b{j}", cat="Binary") for j in gather}
+    x = {i: problem.add_variable(f"x{i}", cat="Binary") for i in sub.ops}
+    b = {j: problem.add_variable(f"b{j}", cat="Binary") for j in gather}
     problem += (pulp.lpSum(compute[i] * x[i] for i in sub.ops) + pulp.lpSum(gather[j] * b[j] for j in gather)
                 - saved * x[gop])
     for i in sub.ops:
@@ -268,8 +268,7 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
         for i in consumers:
             problem += x[i] <= (x[j] if j in x else 0)
     start = time.perf_counter()
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit_s, 1e-3))
-    problem.solve(solver)
+    problem.solve(_cbc(time_limit_s))
     elapsed = time.perf_counter() - start
     if (elapsed > time_limit_s or pulp.LpStatus[problem.status] != "Optimal"
             or problem.sol_status != pulp.LpSolutionOptimal):
@@ -286,6 +285,15 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
     else:
         decision.duplicated, decision.gathered = [], []
     return decision
+
+
+def _cbc(time_limit_s: float):
+    """The CBC binary that ships inside pulp (PuLP 3 marks its wrapper deprecated; PuLP 4 is not pinned)."""
+    import pulp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit_s, 1e-3))
 
 
 def _batch_preds(sim: Simulator, op: int) -> list[int]:
