@@ -55,6 +55,10 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS fusion_plans (
         model TEXT PRIMARY KEY, graph_hash TEXT NOT NULL, patterns INTEGER, ops_fused INTEGER,
         kernels_before INTEGER, kernels_after INTEGER, plan JSON NOT NULL, created_at TIMESTAMP DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS sfb_decisions (
+        model TEXT NOT NULL, topology TEXT NOT NULL, plan_id TEXT NOT NULL, variable TEXT NOT NULL,
+        gradient_op TEXT NOT NULL, op_types JSON, duplicated JSON, gathered JSON, estimated_saving_s DOUBLE,
+        sync_saved_s DOUBLE, extra_compute_s DOUBLE, gather_s DOUBLE, PRIMARY KEY (model, topology, variable))""",
     """CREATE TABLE IF NOT EXISTS topology_retirements (
         topology TEXT PRIMARY KEY, content_hash TEXT, retired_at TIMESTAMP DEFAULT current_timestamp)""",
     # Which snapshot, profile set, groups and checkpoint made each plan, and whether each is still current.
@@ -381,3 +385,25 @@ def load_fusion_plan(conn, model: str, graph_hash: str | None = None) -> dict | 
     if row is None or (graph_hash is not None and row[0] != graph_hash):
         return None
     return json.loads(row[1])
+
+
+SFB_COLUMNS = ["model", "topology", "plan_id", "variable", "gradient_op", "op_types", "duplicated", "gathered",
+               "estimated_saving_s", "sync_saved_s", "extra_compute_s", "gather_s"]
+
+
+def save_sfb_decisions(conn, model: str, topology: str, plan_id: str, gradients: list[dict]) -> None:
+    """Replace a model × topology's SFB table with a plan's chosen gradients (its JSON's `sfb.gradients`)."""
+    rows = [[model, topology, plan_id, g["variable"], g["gradient_op"], json.dumps(g["op_types"]),
+             json.dumps(g["duplicated"]), json.dumps(g["gathered"]), g["estimated_saving_s"], g["sync_saved_s"],
+             g["extra_compute_s"], g["gather_s"]] for g in gradients]
+    with transaction(conn):
+        conn.execute("DELETE FROM sfb_decisions WHERE model = ? AND topology = ?", [model, topology])
+        if rows:
+            conn.executemany(f"INSERT INTO sfb_decisions ({', '.join(SFB_COLUMNS)}) "
+                             f"VALUES ({', '.join('?' * len(SFB_COLUMNS))})", rows)
+
+
+def load_sfb_decisions(conn, model: str, topology: str) -> pd.DataFrame:
+    """The SFB table of a model × topology, largest estimated saving first."""
+    return conn.execute(f"SELECT {', '.join(SFB_COLUMNS)} FROM sfb_decisions WHERE model = ? AND topology = ? "
+                        "ORDER BY estimated_saving_s DESC, variable", [model, topology]).df()

@@ -12,6 +12,7 @@ from dagster import DagsterInstance, MultiPartitionKey, instance_for_test, mater
 from assets.capture import training_graph
 from assets.planning import cluster_topology, deployment_plan, op_groups
 from assets.profiling import op_profiles
+from assets.sfb import sfb_decisions
 from tag_core import store
 from tag_pipelines.definitions import defs
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
@@ -97,6 +98,18 @@ def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance
     checks = {c.check_name: c.passed for c in first.get_asset_check_evaluations()}
     assert checks == {"plan_fits_memory": True, "plan_beats_baselines": True}
 
+    # SFB: the table holds exactly the latest plan's rebuilt gradients.
+    sfb_run = _materialize(instance, [sfb_decisions], PLAN_KEY)
+    assert sfb_run.success
+    with store.connect(env / "tag_home" / "tag.duckdb", read_only=True) as conn:
+        table = store.load_sfb_decisions(conn, MODEL, "small")
+    latest = json.loads(plans[plans.plan_id == second_id].iloc[0].plan)
+    assert sorted(table.variable) == sorted(g["variable"] for g in latest["sfb"]["gradients"])
+    assert set(table.plan_id) <= {second_id}
+    sfb_meta = sfb_run.asset_materializations_for_node("sfb_decisions")[0].metadata
+    assert sfb_meta["considered"].value == latest["sfb"]["considered"] > 0
+    assert sfb_meta["iteration_ms"].value <= sfb_meta["iteration_ms_without_sfb"].value
+
     # A deleted snapshot is retired, and its plans stay.
     (env / "topologies" / "small.json").unlink()
     assert _materialize(instance, [cluster_topology], "small").success
@@ -149,3 +162,12 @@ def test_planning_assets_are_wired() -> None:
         assert assets_def.group_names_by_key[assets_def.key] == "plan"
     assert graph.get(op_groups.key).parent_keys == {training_graph.key, op_profiles.key}
     assert graph.get(deployment_plan.key).parent_keys == {op_groups.key, cluster_topology.key, op_profiles.key}
+
+
+def test_sfb_decisions_need_a_plan(env: Path, instance: DagsterInstance) -> None:
+    instance.add_dynamic_partitions(model_partitions.name, [MODEL])
+    instance.add_dynamic_partitions(topology_partitions.name, ["small"])
+    result = _materialize(instance, [sfb_decisions], PLAN_KEY, raise_on_error=False)
+    assert not result.success
+    description = result.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    assert "deployment_plan" in description and "materialize it first" in description and "\n" not in description
