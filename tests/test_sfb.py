@@ -191,3 +191,51 @@ def test_emitted_sfb_step_matches_single_device(tmp_path, model, option):
     assert not any(t.split(":")[0] in gradient_ops for t in reduced)
     if option == "allreduce":
         assert "full" in {p.kind for p in emission.placed.placements}
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+
+TWO_GTX_JSON = {"name": "two-gtx", "inter_gbps": 10, "machines": [
+    {"name": "a", "gpu": "GTX1080Ti", "count": 1, "intra_gbps": 64},
+    {"name": "b", "gpu": "GTX1080Ti", "count": 1, "intra_gbps": 64}]}
+
+
+def test_tag_sfb_prints_the_decisions(tag_home, tmp_path, capsys):
+    from tag_core.cli import main
+
+    topo = tmp_path / "two.json"
+    topo.write_text(json.dumps(TWO_GTX_JSON))
+    model = "mlp[features=64,hidden=64]"
+    assert main(["sfb", model, "--topology", str(topo), "--batch-size", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["strategy"] == "dp-nccl" and data["batch_size"] == 2
+    assert data["considered"] == len(data["decisions"]) == 6  # three Dense layers: kernel and bias each
+    assert {d["status"] for d in data["decisions"]} <= {"sfb", "no_gain", "ruled_out", "timeout"}
+    assert data["iteration_time_s"] <= data["iteration_time_s_without_sfb"]
+    kept = {g["variable"] for g in data["gradients"]}
+    assert kept <= {d["variable"] for d in data["decisions"] if d["status"] == "sfb"}
+    assert main(["sfb", model, "--topology", str(topo), "--batch-size", "2", "--all"]) == 0
+    text = capsys.readouterr().out
+    assert "without SFB" in text and "median" in text and "mlp/dense/kernel" in text
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--time-limit", "0"], "--time-limit: must be a positive number"),
+    (["--plan", "{missing}"], "--plan: "),
+    (["--plan", "{bad}"], "bad.json: num_ops: required"),
+    (["--strategy", "fastest"], "--strategy: unknown baseline 'fastest'"),
+])
+def test_tag_sfb_bad_input_exits_2_with_one_line(tmp_path, args, fragment):
+    from test_cli import error_lines, run_tag
+
+    topo = tmp_path / "two.json"
+    topo.write_text(json.dumps(TWO_GTX_JSON))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"groups": [{"mask": [1], "option": "allreduce"}], "batch_shares": [1, 1]}')
+    values = {"missing": str(tmp_path / "none.json"), "bad": str(bad)}
+    result = run_tag("sfb", "mlp[features=8,hidden=8]", "--topology", str(topo), *[a.format(**values) for a in args],
+                     cwd=tmp_path, home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert not (tmp_path / "home").exists(), "bad input is refused before anything is captured"

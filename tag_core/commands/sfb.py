@@ -25,14 +25,20 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from .. import store
+    from ..baselines import BASELINES, baseline
     from ..captures import ensure_captured
+    from ..errors import TagInputError
     from ..models import resolve_model
     from ..sfb import apply_sfb
     from ..simulate import Simulator
     from ..topology import load_topology
-    from .simulate import load_strategy
+    from .simulate import read_strategy_file
 
     topology = load_topology(args.topology)
+    # Both are checked before the (slow) capture: bad input writes nothing.
+    from_plan = read_strategy_file(args.plan, "--plan") if args.plan else None
+    if from_plan is None and args.strategy.lower().replace("_", "-") not in BASELINES:
+        raise TagInputError("--strategy", f"unknown baseline {args.strategy!r}; known: {', '.join(BASELINES)}")
     spec = resolve_model(args.model)
     conn = open_store(args)
     try:
@@ -44,7 +50,7 @@ def run(args) -> int:
         print(f"tag: note: no op profiles for {spec.name}; using roofline estimates (run `tag profile {args.model}`)",
               file=sys.stderr)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
-    strategy = load_strategy(args.plan or args.strategy, sim)
+    strategy = from_plan or baseline(args.strategy, sim)
     result = apply_sfb(sim, strategy, args.time_limit)
     data = {"model": spec.name, "topology": topology.name, "strategy": strategy.name or args.plan,
             "batch_size": sim.batch, **result.to_dict(sim)}

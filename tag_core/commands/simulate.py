@@ -23,18 +23,27 @@ def register(subparsers) -> None:
 def load_strategy(text: str, sim):
     """A baseline name, or a JSON file holding a strategy (or a plan that embeds one)."""
     from ..baselines import baseline
+
+    path = Path(text)
+    if text.lower().endswith(".json") or path.exists():
+        return read_strategy_file(text)
+    return baseline(text, sim)
+
+
+def read_strategy_file(text: str, argument: str = "--strategy"):
+    """The strategy in a JSON file (a strategy, or a plan that embeds one); errors name `argument`."""
     from ..errors import TagInputError
     from ..strategy import Strategy
 
     path = Path(text)
-    if text.lower().endswith(".json") or path.exists():
-        if not path.is_file():
-            raise TagInputError("--strategy", f"{text} does not exist")
-        try:
-            return Strategy.from_json(path.read_text())
-        except TagInputError as exc:
-            raise TagInputError(f"{text}: {exc.where}", exc.problem) from None
-    return baseline(text, sim)
+    if not path.is_file():
+        raise TagInputError(argument, f"{text} does not exist")
+    try:
+        return Strategy.from_json(path.read_text())
+    except TagInputError as exc:
+        raise TagInputError(f"{argument} {text}: {exc.where}", exc.problem) from None
+    except UnicodeDecodeError:
+        raise TagInputError(argument, f"{text} is not a text file") from None
 
 
 def run(args) -> int:
