@@ -15,8 +15,9 @@ Steps:
    device set: TagInputError with the memory needed against the cluster's.
 4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
 5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
-6. Sufficient Factor Broadcasting (sfb.py) on MCTS's plan: a MILP per synchronised gradient,
-   kept where the simulated step gets faster (`sfb=False` skips it).
+6. Sufficient Factor Broadcasting (sfb.py): a MILP per synchronised gradient, kept where the
+   simulated step gets faster, on MCTS's plan and on the default it started from; the faster
+   of the two is the plan (`sfb=False` skips this step).
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 """
@@ -208,13 +209,18 @@ def plan(
     mcmc_budget = Budget(simulations=mcmc_simulations or max(ev.simulations, 1))
     mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
     mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed)
-    strategy = ev.strategy(tag.actions)
-    strategy.extra = {"machines": [m.name for m in topology.machines]}
+    chosen = tag.actions
     sfb_report = None
     if sfb:
+        # SFB goes on the search's plan and on the default it started from: with factors broadcast,
+        # replicating everything can beat what the search found without them.
         with _spinner("SFB: a MILP per synchronised gradient", show_progress):
-            decided = apply_sfb(sim, strategy, sfb_time_limit_s)
-        strategy, sfb_report = decided.strategy, decided.to_dict(sim)
+            tried = [(actions, apply_sfb(sim, ev.strategy(actions), sfb_time_limit_s))
+                     for actions in (tag.actions, np.full(groups.num_groups, default))]
+        chosen, decided = min(tried, key=lambda t: t[1].time_with_s)
+        sfb_report = {**decided.to_dict(sim), "applied_to": "search" if chosen is tag.actions else "default"}
+    strategy = ev.strategy(chosen) if not sfb else decided.strategy
+    strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
     times = {k: float(r.iteration_time_s) for k, r in base.items()}
     times["mcmc"] = mcmc.time_s
@@ -229,7 +235,7 @@ def plan(
                  "groups_hash": groups.content_hash(), "topology_hash": topology.content_hash(),
                  "code_version": code_version(), "seed": seed, "budget": budget.to_dict(),
                  "checkpoint": None, **(lineage or {})},
-        settings=settings, mcmc=mcmc, actions=[space.describe(int(a)) for a in tag.actions],
+        settings=settings, mcmc=mcmc, actions=[space.describe(int(a)) for a in chosen],
         evaluator=ev, start=np.full(groups.num_groups, default),
         fusion=None if fusion is None else {"patterns": len(fusion.patterns), "ops_fused": fusion.ops_fused,
                                             "kernels_before": fusion.kernels_before,

@@ -276,8 +276,9 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
                       f"({elapsed:.3f} s, {pulp.LpStatus[problem.status]}); its gradient stays synchronised",
                       stacklevel=2)
         return Decision(sub.variable, name, "timeout", sync_saved_s=saved, solve_s=elapsed)
-    duplicated = sorted(i for i in sub.ops if x[i].value() > 0.5)
-    gathered = sorted(j for j in gather if b[j].value() > 0.5)
+    chosen = lambda var: (var.value() or 0.0) > 0.5  # noqa: E731 (a variable with no term has no value)
+    duplicated = sorted(i for i in sub.ops if chosen(x[i]))
+    gathered = sorted(j for j in gather if chosen(b[j]))
     decision = Decision(sub.variable, name, "no_gain", duplicated, gathered, saved if gop in duplicated else 0.0,
                         sum(compute[i] for i in duplicated), sum(gather[j] for j in gathered), elapsed)
     if gop in duplicated and decision.saving_s > 0:
