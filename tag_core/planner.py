@@ -16,8 +16,9 @@ Steps:
 4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
 5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
 6. Sufficient Factor Broadcasting (sfb.py): a MILP per synchronised gradient, kept where the
-   simulated step gets faster, on MCTS's plan and on the default it started from; the faster
-   of the two is the plan (`sfb=False` skips this step).
+   simulated step gets faster, on MCTS's plan and on the replicate-everything default under
+   each of the eight settings of step 3 (DP-NCCL and Horovod among them); the fastest is the
+   plan (`sfb=False` skips this step).
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -211,15 +212,13 @@ def plan(
     mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed)
     chosen = tag.actions
     sfb_report = None
+    strategy = ev.strategy(chosen)
     if sfb:
-        # SFB goes on the search's plan and on the default it started from: with factors broadcast,
-        # replicating everything can beat what the search found without them.
         with _spinner("SFB: a MILP per synchronised gradient", show_progress):
-            tried = [(actions, apply_sfb(sim, ev.strategy(actions), sfb_time_limit_s))
-                     for actions in (tag.actions, np.full(groups.num_groups, default))]
-        chosen, decided = min(tried, key=lambda t: t[1].time_with_s)
+            chosen, sfb_settings, decided = _sfb_candidates(sim, groups, space, speed, tag.actions, ev, settings,
+                                                             default, sfb_time_limit_s)
         sfb_report = {**decided.to_dict(sim), "applied_to": "search" if chosen is tag.actions else "default"}
-    strategy = ev.strategy(chosen) if not sfb else decided.strategy
+        strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
     times = {k: float(r.iteration_time_s) for k, r in base.items()}
@@ -250,13 +249,9 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
     G = groups.num_groups
     allreduce = space.all_machines
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
-    for shares_name, shares in (("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))):
-        for fusion in (0, HOROVOD_FUSION_BYTES):
-            for overlap in (True, False):
-                ev = Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=overlap, speed=speed)
-                score = ev.score(np.full(G, allreduce))
-                tried.append(((score.oom, score.time_s), ev,
-                              {"batch_shares": shares_name, "fusion_bytes": fusion, "overlap": overlap}))
+    for settings, ev in _setting_evaluators(sim, groups, space, speed):
+        score = ev.score(np.full(G, allreduce))
+        tried.append(((score.oom, score.time_s), ev, settings))
     spent = len(tried)
     key, ev, settings = min(tried, key=lambda t: t[0])
     if not key[0]:
@@ -274,6 +269,40 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
             return ev, spent, action, {"batch_shares": "speed", "fusion_bytes": 0, "overlap": True,
                                        "out_of_memory_mode": True}
     _does_not_fit(sim, ev.result(np.full(G, mp_all)))
+
+
+def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray):
+    """(settings, evaluator) for each strategy-wide setting: shares × gradient fusion × overlap."""
+    for shares_name, shares in (("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))):
+        for fusion in (0, HOROVOD_FUSION_BYTES):
+            for overlap in (True, False):
+                yield ({"batch_shares": shares_name, "fusion_bytes": fusion, "overlap": overlap},
+                       Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=overlap, speed=speed))
+
+
+def _sfb_candidates(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray, search: np.ndarray,
+                    ev: Evaluator, settings: dict, default: int, time_limit_s: float):
+    """SFB on the search's plan and on the replicate-everything default under every setting (DP-NCCL
+    and Horovod among them): with factors broadcast, another of them may win. Returns the fastest as
+    (actions, settings, SfbResult). Decisions depend only on placement, so they are solved once per
+    distinct batch split."""
+    from .sfb import decide
+
+    candidates = [(search, ev, settings)]
+    if not settings.get("out_of_memory_mode"):
+        full = np.full(groups.num_groups, default)
+        candidates += [(full, e, {**s, "out_of_memory_mode": False}) for s, e in _setting_evaluators(sim, groups, space, speed)]
+    solved: dict[bytes, list] = {}
+    best = None
+    for actions, e, s in candidates:
+        strategy = e.strategy(actions)
+        key = replace(strategy, fusion_bytes=0, overlap=True).key()  # the placement alone
+        if key not in solved:
+            solved[key] = decide(sim, strategy, time_limit_s)
+        result = apply_sfb(sim, strategy, time_limit_s, decisions=solved[key])
+        if best is None or result.time_with_s < best[2].time_with_s:
+            best = (actions, s, result)
+    return best
 
 
 def _does_not_fit(sim: Simulator, result) -> None:

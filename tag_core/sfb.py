@@ -153,11 +153,14 @@ def decide(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_TIM
 
 
 def apply_sfb(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-              depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS) -> SfbResult:
-    """Decide SFB per gradient, then keep each chosen gradient (largest estimated saving first)
-    only if the simulated step gets faster with it: the per-gradient costs ignore contention."""
+              depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS,
+              decisions: list[Decision] | None = None) -> SfbResult:
+    """Decide SFB per gradient (unless `decisions` for the same placement are given), then keep each
+    chosen gradient (largest estimated saving first) only if the simulated step gets faster with it:
+    the per-gradient costs ignore contention."""
     base = replace(strategy, sfb={})
-    decisions = decide(sim, base, time_limit_s, depth, max_ops)
+    if decisions is None:
+        decisions = decide(sim, base, time_limit_s, depth, max_ops)
     best = sim.run(base)
     without = best.iteration_time_s
     kept: dict[str, list[int]] = {}
@@ -259,7 +262,8 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
     problem = pulp.LpProblem("sfb", pulp.LpMinimize)
     x = {i: problem.add_variable(f"x{i}", cat="Binary") for i in sub.ops}
     b = {j: problem.add_variable(f"b{j}", cat="Binary") for j in gather}
-    problem += (pulp.lpSum(compute[i] * x[i] for i in sub.ops) + pulp.lpSum(gather[j] * b[j] for j in gather)
+    # A nanosecond per duplicated op: of equal plans, the one duplicating fewest ops (no free Reshapes).
+    problem += (pulp.lpSum((compute[i] + 1e-9) * x[i] for i in sub.ops) + pulp.lpSum(gather[j] * b[j] for j in gather)
                 - saved * x[gop])
     for i in sub.ops:
         for j in _batch_preds(sim, i):
