@@ -160,25 +160,28 @@ def test_the_plan_json_carries_sfb_and_the_time_without_it():
 # ---- emitted SFB graphs on TF's runtime --------------------------------------------------
 
 
-def _sfb_everywhere(option: str):
+def _sfb_everywhere(option: str, fusion_bytes: int = 0):
     """The test topology's strategy with SFB on every synchronised gradient's whole subgraph."""
     from test_runtime import UNEVEN
 
     def build(graph, topo):
         s = Strategy.uniform(len(graph.ops), topo.num_machines, topo.num_devices, option, batch_shares=UNEVEN,
-                             name=f"{option}+sfb")
+                             fusion_bytes=fusion_bytes, name=f"{option}+sfb")
         subs = find_subgraphs(Simulator(graph, topo), s)
         assert subs
+        if fusion_bytes:  # every other gradient, so the rest still share a fused AllReduce
+            subs = subs[::2]
         return replace(s, sfb={sub.variable: sub.ops for sub in subs})
     return build
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model,option", [("mlp", "allreduce"), ("mlp", "ps"), ("transformer", "allreduce")])
-def test_emitted_sfb_step_matches_single_device(tmp_path, model, option):
+@pytest.mark.parametrize("model,option,fusion_bytes", [
+    ("mlp", "allreduce", 0), ("mlp", "ps", 0), ("mlp", "allreduce", 64 * 2**20), ("transformer", "allreduce", 0)])
+def test_emitted_sfb_step_matches_single_device(tmp_path, model, option, fusion_bytes):
     from test_runtime import _emit_run
 
-    emission, result, lines = _emit_run(tmp_path, model, _sfb_everywhere(option), steps=2)
+    emission, result, lines = _emit_run(tmp_path, model, _sfb_everywhere(option, fusion_bytes), steps=2)
     assert result.ok, "\n".join(lines)
     for step in result.steps:
         assert step["passed"] and step["max_relative_difference"] <= 1e-4
@@ -191,6 +194,8 @@ def test_emitted_sfb_step_matches_single_device(tmp_path, model, option):
     assert not any(t.split(":")[0] in gradient_ops for t in reduced)
     if option == "allreduce":
         assert "full" in {p.kind for p in emission.placed.placements}
+    if fusion_bytes:
+        assert emission.emitted.collectives  # the gradients left out of SFB are still summed
 
 
 # ---- the CLI ---------------------------------------------------------------------------------
