@@ -14,7 +14,8 @@ than the gradient, exact either way. TAG's choice, per gradient, is a small MILP
                                   without the batch dimension (it cannot be gathered)
 
 The subgraph of a gradient is its producing op g plus backward ops of the same group that
-feed only the subgraph (at most `depth` edges up, `max_ops` ops). Costs come from the
+feed only the subgraph (at most `depth` edges up, `max_ops` ops): Keras' Dense on 3-D inputs,
+for one, makes its kernel gradient as a batched MatMul, a Sum over the batch and a Reshape. Costs come from the
 simulator's cost model: each device's profile at its batch share and at the whole batch,
 and the topology's collectives (hierarchical all-gather and AllReduce; for a PS, the
 replicas' transfers to it). A solve that does not finish within its time limit leaves the
@@ -37,7 +38,7 @@ from .simulate_expand import SINGLE, SPLIT, _allreduce_shape, place
 from .strategy import Strategy
 
 DEFAULT_TIME_LIMIT_S = 5.0
-DEFAULT_DEPTH = 2
+DEFAULT_DEPTH = 4
 DEFAULT_MAX_OPS = 8
 STATUSES = ("sfb", "no_gain", "ruled_out", "timeout")
 
@@ -50,8 +51,8 @@ class Subgraph:
     gradient_op: int
     group: int
     ops: list[int]  # ops[0] is the gradient op
-    batch_inputs: dict[int, list[int]]  # producer op -> consumers in `ops` (batch tensors)
-    partial_inputs: dict[int, list[int]]  # producer op -> consumers (per-replica partial, no batch dimension)
+    batch_inputs: dict[int, list[int]]  # producer outside `ops` -> consumers in `ops` (batch tensors)
+    partial_inputs: dict[int, list[int]]  # producer -> consumers in `ops` (per-replica partial, no batch axis)
 
 
 @dataclass
@@ -132,11 +133,10 @@ def find_subgraphs(sim: Simulator, strategy: Strategy, depth: int = DEFAULT_DEPT
         for i in chosen:
             for e in sim.in_edges[i]:
                 j = int(sim.e_src[e])
-                if j in inside:
-                    continue
                 if sim.e_batch[e]:
-                    batch_in.setdefault(j, []).append(i)
-                elif dependent[j]:
+                    if j not in inside:
+                        batch_in.setdefault(j, []).append(i)
+                elif dependent[j]:  # inside too: a copy of i on the whole batch needs j's whole sum
                     partial_in.setdefault(j, []).append(i)
         out.append(Subgraph(sim.graph.variables[var].name, gop, g, chosen, batch_in, partial_in))
     return out

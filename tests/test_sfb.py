@@ -126,6 +126,35 @@ def test_subgraphs_take_only_exclusive_backward_ops_of_replicated_gradients():
     assert find_subgraphs(Simulator(g, one), only_a) == []  # one replica: no sync
 
 
+def batched_graph(batch: int = 8) -> OpGraph:
+    """Keras' Dense on 3-D inputs: gw = Reshape(Sum over the batch of BatchMatMul(x, dY))."""
+    row_x, row_y, outer = 4 * K * batch, 4 * M * batch, W_BYTES * batch
+    ops = [
+        Op("x", "Placeholder", row_x, 0, is_input=True, batch_scaled=True),
+        Op("dy", "Placeholder", row_y, 0, is_input=True, batch_scaled=True),
+        Op("bmm", "BatchMatMulV2", outer, 2 * batch * K * M, is_gradient=True, batch_scaled=True),
+        Op("sum", "Sum", W_BYTES, batch * K * M, is_gradient=True),
+        Op("gw", "Reshape", W_BYTES, 0, is_gradient=True),
+        Op("apply", "AssignSubVariableOp", 0, K * M, is_apply=True, variable="w"),
+    ]
+    edges = [Edge(0, 2, row_x, True, "x:0"), Edge(1, 2, row_y, True, "dy:0"), Edge(2, 3, outer, True, "bmm:0"),
+             Edge(3, 4, W_BYTES, False, "sum:0"), Edge(4, 5, W_BYTES, False, "gw:0")]
+    return OpGraph("batched", batch, ops, edges, [Variable("w", (K, M), "float32", W_BYTES, True, "model", "gw")])
+
+
+def test_a_partial_sum_inside_the_subgraph_is_duplicated_with_its_consumers_or_not_at_all():
+    g = batched_graph()
+    sim = Simulator(g, TWO_GTX, linear_profiles(g), batch_size=4)
+    (sub,) = find_subgraphs(sim, _dp(g))
+    assert sorted(sub.ops) == [g.index[n] for n in ("bmm", "sum", "gw")]
+    assert sub.partial_inputs == {g.index["sum"]: [g.index["gw"]]}
+    (decision,) = decide(sim, _dp(g))
+    # Duplicating the Reshape alone would need the replicas' partial sums: the factors x and dY are gathered.
+    assert decision.status == "sfb"
+    assert decision.duplicated == sorted(g.index[n] for n in ("bmm", "sum", "gw"))
+    assert decision.gathered == [g.index["x"], g.index["dy"]]
+
+
 def test_strategy_json_keeps_sfb_and_rejects_bad_entries():
     g = dense_graph()
     s = replace(_dp(g), sfb={"w": [5]})
