@@ -134,7 +134,9 @@ def main() -> None:
             raise SystemExit(f"{model} failed:\n{done.stderr[-3000:]}")
         report["results"].append(json.loads(done.stdout.strip().splitlines()[-1]))
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")  # after every model: partial runs count
-    (HERE / "sfb.md").write_text(markdown(report))
+    md = HERE / "sfb.md"
+    kept = md.read_text().partition("\n## Analysis")[1:] if md.exists() else ("", "")  # survives re-runs
+    md.write_text(markdown(report) + "".join(kept))
     print(markdown(report))
 
 
