@@ -55,6 +55,23 @@ def open_store(args, read_only: bool = False):
     return store.connect(getattr(args, "db", None), read_only=read_only)
 
 
+def captured_with_profiles(args, spec):
+    """(OpGraph, profiles) of `spec`, captured first if needed; a note when only roofline estimates exist."""
+    from .. import store
+    from ..captures import ensure_captured
+
+    conn = open_store(args)
+    try:
+        graph = ensure_captured(conn, spec)
+        profiles = store.load_profiles(conn, spec.name)
+    finally:
+        conn.close()
+    if profiles.empty:
+        print(f"tag: note: no op profiles for {spec.name}; using roofline estimates (run `tag profile {args.model}`)",
+              file=sys.stderr)
+    return graph, profiles
+
+
 def print_json(data) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

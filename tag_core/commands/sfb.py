@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from ._common import open_store, positive_float, positive_int, print_json
+from ._common import captured_with_profiles, positive_float, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -24,9 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .. import store
     from ..baselines import BASELINES, baseline
-    from ..captures import ensure_captured
     from ..errors import TagInputError
     from ..models import resolve_model
     from ..sfb import apply_sfb
@@ -40,15 +36,7 @@ def run(args) -> int:
     if from_plan is None and args.strategy.lower().replace("_", "-") not in BASELINES:
         raise TagInputError("--strategy", f"unknown baseline {args.strategy!r}; known: {', '.join(BASELINES)}")
     spec = resolve_model(args.model)
-    conn = open_store(args)
-    try:
-        graph = ensure_captured(conn, spec)
-        profiles = store.load_profiles(conn, spec.name)
-    finally:
-        conn.close()
-    if profiles.empty:
-        print(f"tag: note: no op profiles for {spec.name}; using roofline estimates (run `tag profile {args.model}`)",
-              file=sys.stderr)
+    graph, profiles = captured_with_profiles(args, spec)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
     strategy = from_plan or baseline(args.strategy, sim)
     result = apply_sfb(sim, strategy, args.time_limit)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from ._common import open_store, positive_int, print_json
+from ._common import captured_with_profiles, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -47,23 +46,13 @@ def read_strategy_file(text: str, argument: str = "--strategy"):
 
 
 def run(args) -> int:
-    from .. import store
-    from ..captures import ensure_captured
     from ..models import resolve_model
     from ..simulate import Simulator
     from ..topology import load_topology
 
     topology = load_topology(args.topology)
     spec = resolve_model(args.model)
-    conn = open_store(args)
-    try:
-        graph = ensure_captured(conn, spec)
-        profiles = store.load_profiles(conn, spec.name)
-    finally:
-        conn.close()
-    if profiles.empty:
-        print(f"tag: note: no op profiles for {spec.name}; using roofline estimates (run `tag profile {args.model}`)",
-              file=sys.stderr)
+    graph, profiles = captured_with_profiles(args, spec)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
     strategy = load_strategy(args.strategy, sim)
     result = sim.run(strategy, timeline=bool(args.timeline))
