@@ -105,7 +105,7 @@ def markdown(report: dict) -> str:
     lines += [f"| {t} | {n} |" for t, n in types.most_common(5)]
     if solves:
         lines += ["", f"MILP solve time per gradient (DP-NCCL's decisions, {len(solves)} solves; gradients whose "
-                      f"saving cannot beat the cheapest gather are ruled out without a solve): median "
+                      f"saving cannot beat a lower bound on any SFB's cost are ruled out without a solve): median "
                       f"{statistics.median(solves) * 1e3:.0f} ms, max {max(solves) * 1e3:.0f} ms."]
     return "\n".join(lines) + "\n"
 

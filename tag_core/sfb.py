@@ -19,12 +19,13 @@ for one, makes its kernel gradient as a batched MatMul, a Sum over the batch and
 simulator's cost model: each device's profile at its batch share and at the whole batch,
 and the topology's collectives (hierarchical all-gather and AllReduce; for a PS, the
 replicas' transfers to it). A solve that does not finish within its time limit leaves the
-gradient synchronised as before, with a warning. Gradients whose saving cannot beat the
-cheapest gather are ruled out without a solve.
+gradient synchronised as before, with a warning. Gradients whose saving cannot beat a lower
+bound on any SFB's cost (`_lower_bound`) are ruled out without a solve.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -253,10 +254,7 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
                 j = int(sim.e_src[e])
                 nbytes[j] = max(nbytes.get(j, 0.0), float(sim.e_bytes[e]))
     gather = {j: costs.gather(size, sub.group, ps) for j, size in nbytes.items()}
-    # When every op of the subgraph reads a batch tensor, any SFB of the gradient duplicates its op and
-    # gathers at least one tensor: a lower bound on its cost that spares most solves.
-    closed = all(_batch_preds(sim, i) for i in sub.ops)
-    if saved <= compute[gop] + (min(gather.values(), default=0.0) if closed else 0.0):
+    if saved <= _lower_bound(sim, sub, compute, gather):
         return Decision(sub.variable, name, "ruled_out", sync_saved_s=saved)
 
     problem = pulp.LpProblem("sfb", pulp.LpMinimize)
@@ -290,6 +288,35 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
     else:
         decision.duplicated, decision.gathered = [], []
     return decision
+
+
+def _lower_bound(sim: Simulator, sub: Subgraph, compute: dict[int, float], gather: dict[int, float]) -> float:
+    """The least any SFB of the gradient costs (inf when none is possible): its op runs on the whole batch,
+    each batch input of a duplicated op is gathered or duplicated in turn, and each partial-sum input is
+    duplicated (from outside the subgraph it cannot be). Two valid bounds, the larger kept: the dearest
+    input followed all the way up, and the gradient op's distinct inputs one level up, summed (deeper,
+    two inputs may share an ancestor, which a sum would count twice)."""
+    partial: dict[int, list[int]] = {}
+    for j, consumers in sub.partial_inputs.items():
+        for i in consumers:
+            partial.setdefault(i, []).append(j)
+    memo: dict[int, float] = {}
+
+    def needs(i: int) -> dict[int, tuple[float, float]]:
+        """Per input op: (direct cost, cost followed up) that a duplicated op i needs of it."""
+        out = {j: ((min(gather[j], compute[j]), min(gather[j], compute[j] + inputs(j))) if j in compute
+                   else (gather[j], gather[j])) for j in _batch_preds(sim, i)}
+        for j in partial.get(i, []):  # a partial sum must be duplicated: no cheaper than gathering it
+            out[j] = (compute[j], compute[j] + inputs(j)) if j in compute else (math.inf, math.inf)
+        return out
+
+    def inputs(i: int) -> float:
+        if i not in memo:
+            memo[i] = max((up for _, up in needs(i).values()), default=0.0)
+        return memo[i]
+
+    gop = sub.gradient_op
+    return compute[gop] + max(inputs(gop), sum(direct for direct, _ in needs(gop).values()))
 
 
 def _cbc(time_limit_s: float):
