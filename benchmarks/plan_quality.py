@@ -135,7 +135,7 @@ def main() -> None:
                       "mcts_iterations": args.iterations, "seed": args.seed, "note": args.note,
                       "results": sorted(rows.values(), key=lambda r: (r["model"], r["topology"]))}
             out.write_text(json.dumps(report, indent=1) + "\n")  # after every case: a partial run still counts
-    md = HERE / "plan_quality.md"
+    md = out.with_suffix(".md")  # beside the JSON: a run with --out elsewhere leaves the committed tables alone
     # The hand-written analysis at the end of the markdown survives a re-run.
     kept = md.read_text().partition("\n## Analysis")[1:] if md.exists() else ("", "")
     md.write_text(markdown(report) + "".join(kept))
