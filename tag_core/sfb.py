@@ -52,7 +52,6 @@ class Subgraph:
     gradient_op: int
     group: int
     ops: list[int]  # ops[0] is the gradient op
-    batch_inputs: dict[int, list[int]]  # producer outside `ops` -> consumers in `ops` (batch tensors)
     partial_inputs: dict[int, list[int]]  # producer -> consumers in `ops` (per-replica partial, no batch axis)
 
 
@@ -63,14 +62,15 @@ class Decision:
     status: str  # one of STATUSES
     duplicated: list[int] = field(default_factory=list)
     gathered: list[int] = field(default_factory=list)  # producers of the tensors gathered
-    sync_saved_s: float = 0.0
+    sync_saved_s: float = 0.0  # the gradient's sync, which SFB would save
     extra_compute_s: float = 0.0
     gather_s: float = 0.0
     solve_s: float = 0.0
 
     @property
     def saving_s(self) -> float:
-        return self.sync_saved_s - self.extra_compute_s - self.gather_s
+        """Estimated seconds saved by what was chosen (0 when nothing was)."""
+        return self.sync_saved_s - self.extra_compute_s - self.gather_s if self.duplicated else 0.0
 
 
 @dataclass
@@ -129,17 +129,13 @@ def find_subgraphs(sim: Simulator, strategy: Strategy, depth: int = DEFAULT_DEPT
                         chosen.append(j)
                         nxt.append(j)
             frontier = nxt
-        batch_in: dict[int, list[int]] = {}
         partial_in: dict[int, list[int]] = {}
         for i in chosen:
             for e in sim.in_edges[i]:
                 j = int(sim.e_src[e])
-                if sim.e_batch[e]:
-                    if j not in inside:
-                        batch_in.setdefault(j, []).append(i)
-                elif dependent[j]:  # inside too: a copy of i on the whole batch needs j's whole sum
+                if not sim.e_batch[e] and dependent[j]:  # inside too: a whole-batch copy of i needs j's whole sum
                     partial_in.setdefault(j, []).append(i)
-        out.append(Subgraph(sim.graph.variables[var].name, gop, g, chosen, batch_in, partial_in))
+        out.append(Subgraph(sim.graph.variables[var].name, gop, g, chosen, partial_in))
     return out
 
 
@@ -281,13 +277,10 @@ def _solve(sim: Simulator, sub: Subgraph, costs: _Costs, time_limit_s: float) ->
     chosen = lambda var: (var.value() or 0.0) > 0.5  # noqa: E731 (a variable with no term has no value)
     duplicated = sorted(i for i in sub.ops if chosen(x[i]))
     gathered = sorted(j for j in gather if chosen(b[j]))
-    decision = Decision(sub.variable, name, "no_gain", duplicated, gathered, saved if gop in duplicated else 0.0,
-                        sum(compute[i] for i in duplicated), sum(gather[j] for j in gathered), elapsed)
-    if gop in duplicated and decision.saving_s > 0:
-        decision.status = "sfb"
-    else:
-        decision.duplicated, decision.gathered = [], []
-    return decision
+    if gop not in duplicated or saved <= sum(compute[i] for i in duplicated) + sum(gather[j] for j in gathered):
+        return Decision(sub.variable, name, "no_gain", sync_saved_s=saved, solve_s=elapsed)
+    return Decision(sub.variable, name, "sfb", duplicated, gathered, saved, sum(compute[i] for i in duplicated),
+                    sum(gather[j] for j in gathered), elapsed)
 
 
 def _lower_bound(sim: Simulator, sub: Subgraph, compute: dict[int, float], gather: dict[int, float]) -> float:
@@ -306,7 +299,7 @@ def _lower_bound(sim: Simulator, sub: Subgraph, compute: dict[int, float], gathe
         """Per input op: (direct cost, cost followed up) that a duplicated op i needs of it."""
         out = {j: ((min(gather[j], compute[j]), min(gather[j], compute[j] + inputs(j))) if j in compute
                    else (gather[j], gather[j])) for j in _batch_preds(sim, i)}
-        for j in partial.get(i, []):  # a partial sum must be duplicated: no cheaper than gathering it
+        for j in partial.get(i, []):  # a partial sum cannot be gathered: it is duplicated too
             out[j] = (compute[j], compute[j] + inputs(j)) if j in compute else (math.inf, math.inf)
         return out
 
