@@ -10,6 +10,13 @@ allowed only if no cycle results: no path may leave one pattern and re-enter
 the other through an op outside both. A pattern is scored as memory traffic
 saved plus kernel launches saved, less a penalty when a remote merge
 serialises work that could have run side by side.
+
+Variable reads and in-place updates (ReadVariableOp, Assign*VariableOp) may
+join a pattern of memory-intensive ops but never form one alone: the
+optimizer's update of a variable (Adam: the two moments, then the variable)
+then runs as one pass over its elements instead of a kernel per arithmetic op
+with the intermediates written out between them. A read aliases the
+variable's buffer, so it saves a launch and no traffic.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ LAYOUT = {
     "Reshape", "Squeeze", "ExpandDims", "Transpose", "Slice", "StridedSlice", "StridedSliceGrad", "ConcatV2",
     "Pack", "Unpack", "Split", "SplitV", "Tile", "BroadcastTo", "GatherV2", "Pad", "PadV2", "Fill",
 }
-ROW_REDUCTIONS = {"Softmax", "LogSoftmax"}
+ROW_REDUCTIONS = {"Softmax", "LogSoftmax", "SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"}
 COLUMN_REDUCTIONS = {"BiasAddGrad"}
 AXIS_REDUCTIONS = {"Sum", "Mean", "Max", "Min", "Prod", "All", "Any"}
 FUSIBLE = ELEMENTWISE | LAYOUT | ROW_REDUCTIONS | COLUMN_REDUCTIONS | AXIS_REDUCTIONS
+VARIABLE_IO = {"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
 
 NONE, ROW, COLUMN = 0, 1, 2
 LAUNCH_S = 5e-6  # one GPU kernel launch
@@ -55,6 +63,8 @@ def classify(op_type: str) -> str:
         return "compute"
     if op_type in FUSIBLE:
         return "memory"
+    if op_type in VARIABLE_IO:
+        return "variable"
     return "other"
 
 
@@ -136,11 +146,15 @@ def plan_fusion(
     reference_gpu: GpuType | str = "V100-32GB",
     beam_width: int = BEAM_WIDTH,
     max_pattern_ops: int = MAX_PATTERN_OPS,
+    variables: bool = True,
 ) -> FusionPlan:
+    """`variables`: let variable reads and updates join patterns (see the module's docstring)."""
     gpu = lookup_gpu(reference_gpu) if isinstance(reference_gpu, str) else reference_gpu
     n = len(graph.ops)
-    fusible = np.array([classify(op.type) == "memory" for op in graph.ops])
-    fusible &= ~_library_epilogues(graph)
+    kind = [classify(op.type) for op in graph.ops]
+    memory = np.array([k == "memory" for k in kind]) & ~_library_epilogues(graph)
+    fusible = memory | (np.array([k == "variable" for k in kind]) if variables else False)
+    aliases = np.array([op.type == "ReadVariableOp" for op in graph.ops])
     kinds = reduction_kinds(graph, graph_def)
     order = graph.topological_order()
     position = np.empty(n, dtype=np.int64)
@@ -151,7 +165,7 @@ def plan_fusion(
     for e in graph.edges:
         successors[e.src].append(e.dst)
         predecessors[e.dst].append(e.src)
-        if e.tensor:
+        if e.tensor and not aliases[e.src]:
             out_bytes[(e.src, e.dst)] = out_bytes.get((e.src, e.dst), 0) + e.bytes
     context = _Context(gpu, fusible, kinds, position, successors, predecessors, out_bytes, max_pattern_ops)
 
@@ -172,7 +186,8 @@ def plan_fusion(
     patterns: dict[int, list[int]] = {}
     for i, p in enumerate(best.pattern):
         patterns.setdefault(int(p), []).append(i)
-    fused = [sorted(members, key=lambda i: position[i]) for members in patterns.values() if len(members) > 1]
+    fused = [sorted(members, key=lambda i: position[i]) for members in patterns.values()
+             if len(members) > 1 and memory[members].any()]  # variable reads and updates alone gain nothing
     fused.sort(key=lambda members: position[members[0]])
     kernels_before = n
     kernels_after = n - sum(len(m) for m in fused) + len(fused)

@@ -4,7 +4,15 @@ Modes: `tf` (no XLA), `autocluster` (TF's auto-clustering, which reads
 TF_XLA_FLAGS once at start-up: hence one process per mode), `jit` (the whole
 step under `tf.function(jit_compile=True)`), and `tag` (the step graph with
 TAG's fusion patterns marked as XLA clusters). Session modes also report
-kernels per step: the nodes TF's step stats list for one traced run.
+kernels per step: the nodes TF's step stats list for one traced run. Every mode
+also reports its first step (compilation included) and the process's peak RSS.
+
+`measure_paired` runs the four modes in one process instead, a step of each in
+turn (auto-clustering as a session with global_jit_level ON_2 under
+`--tf_xla_cpu_global_jit`, which is what the flags above set for every
+session): the median over rounds of each mode's step time over the no-XLA
+step's in the same round is a ratio that load from other work on the machine
+barely moves.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
 
 def measure_modes(model: str, batch_size: int, step_file: str, plan_file: str | None, steps: int = 10,
                   warmup: int = 3, modes=MODES, timeout_s: float = 1800) -> dict[str, dict]:
-    """{mode: {"step_ms": median, "kernels": count or None}} for each mode."""
+    """{mode: {"step_ms": median, "kernels": count or None, "first_step_ms", "peak_rss_mb"}} for each mode."""
     results = {}
     for mode in modes:
         env = dict(os.environ)
@@ -38,30 +46,92 @@ def measure_modes(model: str, batch_size: int, step_file: str, plan_file: str | 
     return results
 
 
-def _session_step(mode: str, spec, step_file: str, plan_file: str, steps: int, warmup: int) -> dict:
+PAIRED_FLAGS = "--tf_xla_cpu_global_jit"
+
+
+def measure_paired(model: str, batch_size: int, step_file: str, plan_file: str, rounds: int = 10, warmup: int = 2,
+                   timeout_s: float = 3600) -> dict:
+    """{"ratio_to_tf": {mode: median paired ratio}, "step_ms": {mode: median}, "rounds": n}, from one process."""
+    env = dict(os.environ, TF_XLA_FLAGS=PAIRED_FLAGS)
+    command = [sys.executable, "-m", "tag_core.fusion_measure", "paired", model, str(batch_size), step_file,
+               plan_file, str(rounds), str(warmup)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {model} paired failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _session_runner(mode: str, spec, step, plan_file: str, auto_jit: bool = False):
+    """(run one step, run one traced step returning RunMetadata) for a session mode."""
     import tensorflow as tf
 
-    from .captures import load_step
     from .fusion import FusionPlan, mark_for_xla
     from .profile import initialise_randomly
     from .trace import synthetic_batch
 
-    step = load_step(step_file)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.CopyFrom(step.graph_def)
     if mode == "tag":
         with open(plan_file) as handle:
-            mark_for_xla(step.graph_def, FusionPlan.from_json(json.load(handle)))
+            mark_for_xla(graph_def, FusionPlan.from_json(json.load(handle)))
     graph = tf.Graph()
     with graph.as_default():
-        tf.compat.v1.import_graph_def(step.graph_def, name="")
-    session = tf.compat.v1.Session(graph=graph)
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    config = tf.compat.v1.ConfigProto()
+    if auto_jit:
+        config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_2
+    session = tf.compat.v1.Session(graph=graph, config=config)
     initialise_randomly(session, step)
     feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
     fetches = [step.loss_tensor, step.train_ops]
-    times = _timed_runs(lambda: session.run(fetches, feed_dict=feed), steps, warmup)
-    metadata = tf.compat.v1.RunMetadata()
-    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    session.run(fetches, feed_dict=feed, options=options, run_metadata=metadata)
-    return {"step_ms": statistics.median(times) * 1e3, "kernels": count_kernels(metadata)}
+
+    def traced():
+        metadata = tf.compat.v1.RunMetadata()
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        session.run(fetches, feed_dict=feed, options=options, run_metadata=metadata)
+        return metadata
+
+    return (lambda: session.run(fetches, feed_dict=feed)), traced
+
+
+def _session_step(mode: str, spec, step_file: str, plan_file: str, steps: int, warmup: int) -> dict:
+    from .captures import load_step
+
+    run, traced = _session_runner(mode, spec, load_step(step_file), plan_file)
+    first, times = _timed_runs(run, steps, warmup)
+    return _result(first, times, count_kernels(traced()))
+
+
+def _paired(spec, step_file: str, plan_file: str, rounds: int, warmup: int) -> dict:
+    import numpy as np
+
+    from .captures import load_step
+
+    step = load_step(step_file)
+    runners, kernels = {}, {}
+    for mode in MODES:
+        if mode == "jit":
+            runners[mode] = _jit_runner(spec, step.batch_size)
+            continue
+        run, traced = _session_runner(mode, spec, step, plan_file, auto_jit=mode == "autocluster")
+        runners[mode] = run
+        for _ in range(warmup):
+            run()
+        kernels[mode] = count_kernels(traced())
+    for run in runners.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for r in range(rounds):
+        order = list(MODES[r % len(MODES):] + MODES[:r % len(MODES)])
+        for mode in order[::(-1 if (r // len(MODES)) % 2 else 1)]:
+            start = time.perf_counter()
+            runners[mode]()
+            times[mode].append(time.perf_counter() - start)
+    base = np.array(times["tf"])
+    return {"rounds": rounds, "step_ms": {m: round(float(np.median(t)) * 1e3, 3) for m, t in times.items()},
+            "ratio_to_tf": {m: round(float(np.median(np.array(t) / base)), 4) for m, t in times.items()},
+            "kernels": kernels, "peak_rss_mb": peak_rss_mb()}
 
 
 # Executor bookkeeping, not kernels: XLA's compile/merge/switch around a cluster, feeds, handles.
@@ -81,6 +151,11 @@ def count_kernels(metadata) -> int:
 
 
 def _jit_step(spec, batch_size: int, steps: int, warmup: int) -> dict:
+    first, times = _timed_runs(_jit_runner(spec, batch_size), steps, warmup)
+    return _result(first, times, None)
+
+
+def _jit_runner(spec, batch_size: int):
     import tensorflow as tf
 
     from .trace import build_keras, synthetic_batch
@@ -97,19 +172,39 @@ def _jit_step(spec, batch_size: int, steps: int, warmup: int) -> dict:
         optimizer.apply_gradients([(g, v) for g, v in zip(grads, model.trainable_variables) if g is not None])
         return loss
 
-    times = _timed_runs(lambda: step(inputs, labels).numpy(), steps, warmup)
-    return {"step_ms": statistics.median(times) * 1e3, "kernels": None}
+    return lambda: step(inputs, labels).numpy()
 
 
-def _timed_runs(run, steps: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
+def _result(first: float, times: list[float], kernels: int | None) -> dict:
+    return {"step_ms": statistics.median(times) * 1e3, "kernels": kernels, "first_step_ms": first * 1e3,
+            "step_ms_each": [round(t * 1e3, 3) for t in times], "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set (VmHWM; ru_maxrss would include the parent's from before exec)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _timed_runs(run, steps: int, warmup: int) -> tuple[float, list[float]]:
+    """Seconds of the first run (compilation included), and of each timed run after the warm-up."""
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    for _ in range(warmup - 1):
         run()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return times
+    return first, times
 
 
 def _main(argv: list[str]) -> int:
@@ -119,6 +214,8 @@ def _main(argv: list[str]) -> int:
     spec = resolve_model(model, int(batch))
     if mode == "jit":
         result = _jit_step(spec, int(batch), int(steps), int(warmup))
+    elif mode == "paired":
+        result = _paired(spec, step_file, plan_file, int(steps), int(warmup))
     else:
         result = _session_step(mode, spec, step_file, plan_file, int(steps), int(warmup))
     print(json.dumps(result))
@@ -137,12 +234,14 @@ def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bo
 
     from .captures import load_step
     from .fusion import plan_fusion
-    from .fusion_tune import tune_plan
+    from .fusion_tune import check_step, step_values, tune_plan
 
-    graph_def = load_step(step_file).graph_def
+    step = load_step(step_file)
+    graph_def = step.graph_def
     plan = plan_fusion(graph, graph_def, gpu)
     if tune:
-        plan = tune_plan(plan, graph_def, progress=progress)
+        plan = tune_plan(plan, graph_def, progress=progress, values=lambda names: step_values(step, spec, names))
+        plan = check_step(plan, step, spec)
     if measure:
         with tempfile.TemporaryDirectory() as folder:
             plan_file = Path(folder) / "fusion.json"

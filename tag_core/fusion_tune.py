@@ -2,51 +2,90 @@
 
 Each pattern is cut out of the step graph into a micro-graph (its external
 inputs become placeholders) and timed twice, as plain TF ops and as one XLA
-cluster. Patterns with the same op types and input shapes are timed once.
-On this machine that means XLA on the CPU; on a GPU host, the same code times
-GPU kernels.
+cluster, in alternating runs so that a change of load on a shared machine
+hits both alike. A pattern is kept only when its cluster wins by a margin
+(`MIN_WIN_S` and `MIN_WIN_FRACTION`): an XLA cluster adds executor ops of its
+own, and a tie is better left to TF. Patterns with the same op types and input
+shapes are timed once. Integer and boolean inputs (shapes, indices, masks) are
+the step's real values when the step can be run (`step_values`); floating
+inputs are random. On this machine that means XLA on the CPU; on a GPU host,
+the same code times GPU kernels.
+
+A pattern that wins alone can still lose inside the step (its plain ops ran
+beside other work; the cluster adds executor ops), so `check_step` then times
+the whole step with the kept patterns against the plain step, alternating in
+one process, and also with only the half and the quarter of them that saved
+most. The fastest is kept if it beats the plain step by `STEP_MARGIN`;
+otherwise the plan is emptied, which is the plain step. A tuned plan is
+therefore never slower than no XLA beyond the noise of that comparison.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .fusion import FusionPlan
 
 TUNE_RUNS = 15
+MIN_WIN_S = 2e-6  # a cluster must save at least this much per step...
+MIN_WIN_FRACTION = 0.05  # ...and this share of the pattern's plain time
+STEP_MARGIN = 0.01  # the whole step with the plan must be this much faster than without
+STEP_CHECK_S = 3.0  # seconds of steps per variant when checking (6 to 40 alternating rounds)
 
 
-def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool = False) -> FusionPlan:
+def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool = False,
+              values=None) -> FusionPlan:
+    """Keep the patterns whose XLA cluster wins. `values(tensor names)` gives real values of the step's
+    non-floating tensors (see `step_values`); without it they are zeros. A pattern that cannot be cut out
+    and timed alone (an unknown shape, or its micro-graph fails to run) is dropped: unfused is never slower."""
     import tensorflow as tf
     from tqdm import tqdm
 
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-    timings: dict[tuple, tuple[float, float]] = {}
-    kept, dropped = [], 0
-    for pattern in tqdm(plan.patterns, desc="tune fusion", unit="pattern", disable=not progress):
-        micro = _micro_graph(graph, pattern)
-        if micro is None:  # shapes unknown: cannot be timed alone, keep the planner's choice
-            kept.append(pattern)
+    micros = {}
+    for k, pattern in enumerate(plan.patterns):
+        micros[k] = _micro_graph(graph, pattern)
+    if values is not None:
+        wanted = sorted({name for micro in micros.values() if micro is not None for name in micro.exact})
+        real = values(wanted) if wanted else {}
+        for micro in micros.values():
+            if micro is not None:
+                for name, placeholder in micro.exact.items():
+                    if name in real:
+                        micro.feeds[placeholder] = real[name]
+    timings: dict[tuple, tuple[float, float] | None] = {}
+    kept, dropped, untimed, saving_us = [], 0, 0, []
+    for k, pattern in enumerate(tqdm(plan.patterns, desc="tune fusion", unit="pattern", disable=not progress)):
+        micro = micros[k]
+        if micro is None or any(p not in micro.feeds for p in micro.exact.values()):
+            untimed += 1
             continue
-        signature, graph_def_micro, feeds, fetches = micro
+        signature = (micro.signature, tuple(_digest(micro.feeds[p]) for p in sorted(micro.exact.values())))
         if signature not in timings:
-            plain = _time(graph_def_micro, feeds, fetches, runs, xla=False)
-            fused = _time(graph_def_micro, feeds, fetches, runs, xla=True)
-            timings[signature] = (plain, fused)
+            try:
+                timings[signature] = _time_both(micro, runs)
+            except tf.errors.OpError:
+                timings[signature] = None
+        if timings[signature] is None:
+            untimed += 1
+            continue
         plain, fused = timings[signature]
-        if fused < plain:
+        if wins(plain, fused):
             kept.append(pattern)
+            saving_us.append(round((plain - fused) * 1e6, 2))
         else:
             dropped += 1
     fused_ops = sum(len(p) for p in kept)
+    won = [plain - fused for plain, fused in filter(None, timings.values()) if wins(plain, fused)]
     measured = dict(plan.measured, tuned_patterns_kept=len(kept), tuned_patterns_dropped=dropped,
-                    tuned_signatures=len(timings))
+                    tuned_patterns_untimed=untimed, tuned_signatures=len(timings),
+                    tuned_saving_ms=round(sum(won) * 1e3, 4), pattern_saving_us=saving_us)
     return replace(
         plan,
         patterns=kept,
@@ -55,8 +94,122 @@ def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool
     )
 
 
-def _micro_graph(graph, pattern: list[str]):
-    """(signature, GraphDef, feeds, fetch names) of one pattern, or None when a shape is unknown."""
+def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, seconds: float = STEP_CHECK_S,
+               progress: bool = False) -> FusionPlan:
+    """Keep the variant of a tuned plan (all its patterns, the half or the quarter that saved most) that makes
+    the whole step fastest, if it beats the plain step by `margin`; else no patterns."""
+    import tensorflow as tf
+
+    from .fusion import mark_for_xla
+    from .profile import initialise_randomly
+    from .trace import synthetic_batch
+
+    if not plan.patterns:
+        return plan
+    saving = plan.measured.get("pattern_saving_us") or [0.0] * len(plan.patterns)
+    ranked = sorted(range(len(plan.patterns)), key=lambda k: -saving[k])
+    sizes = sorted({len(ranked), len(ranked) // 2, len(ranked) // 4} - {0}, reverse=True)
+    variants = [sorted(ranked[:n]) for n in sizes]
+    feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
+    fetches = [step.loss_tensor, step.train_ops]
+    sessions = []
+    for members in [None, *variants]:
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.CopyFrom(step.graph_def)
+        if members is not None:
+            mark_for_xla(graph_def, replace(plan, patterns=[plan.patterns[k] for k in members]))
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        session = tf.compat.v1.Session(graph=graph)
+        initialise_randomly(session, step)
+        sessions.append(session)
+    try:
+        for session in sessions:  # compile, warm up
+            for _ in range(2):
+                session.run(fetches, feed_dict=feed)
+        times: list[list[float]] = [[] for _ in sessions]
+        rounds = 0
+        while rounds < 6 or (rounds < 40 and min(sum(t) for t in times) < seconds):
+            order = list(range(len(sessions)))[::(-1 if rounds % 2 else 1)]
+            for k in order:
+                start = time.perf_counter()
+                sessions[k].run(fetches, feed_dict=feed)
+                times[k].append(time.perf_counter() - start)
+            rounds += 1
+    finally:
+        for session in sessions:
+            session.close()
+    plain = np.array(times[0])
+    ratios = [float(np.median(np.array(t) / plain)) for t in times[1:]]
+    best = int(np.argmin(ratios))
+    chosen = variants[best] if ratios[best] <= 1.0 - margin else []
+    patterns = [plan.patterns[k] for k in chosen]
+    measured = dict(plan.measured, step_check={
+        "plain_ms": round(float(np.median(plain)) * 1e3, 3), "rounds": rounds,
+        "variants": [{"patterns": len(v), "ratio": round(r, 4)} for v, r in zip(variants, ratios)],
+        "kept_patterns": len(patterns)},
+        pattern_saving_us=[saving[k] for k in chosen])
+    fused_ops = sum(len(p) for p in patterns)
+    return replace(plan, patterns=patterns, kernels_after=plan.kernels_before - fused_ops + len(patterns),
+                   measured=measured)
+
+
+def wins(plain_s: float, fused_s: float) -> bool:
+    return plain_s - fused_s >= max(MIN_WIN_S, MIN_WIN_FRACTION * plain_s)
+
+
+def _digest(value: np.ndarray):
+    """Non-floating inputs are part of a signature (a shape or an index changes the work); of floats, the shape."""
+    if value.dtype.kind == "f":
+        return value.shape
+    return hash(value.tobytes()) if value.size <= 64 else (value.shape, hash(value.tobytes()[:4096]))
+
+
+def step_values(step, spec, names: list[str]) -> dict:
+    """The values of `names` (tensors of the step) in one run of the step on synthetic data with random
+    parameters; a tensor that cannot be fetched (inside a loop) is left out."""
+    import tensorflow as tf
+
+    from .profile import initialise_randomly
+    from .trace import synthetic_batch
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(step.graph_def, name="")
+    fetchable = []
+    for name in names:
+        try:
+            tensor = graph.get_tensor_by_name(name)
+        except (KeyError, ValueError):
+            continue
+        if graph.is_fetchable(tensor.op) and tensor.op.type not in ("Enter", "Exit", "NextIteration"):
+            fetchable.append(name)
+    with tf.compat.v1.Session(graph=graph) as session:
+        initialise_randomly(session, step)
+        feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
+        try:
+            found = session.run(fetchable, feed_dict=feed)
+        except tf.errors.OpError:
+            return {}
+    return {name: np.asarray(value) for name, value in zip(fetchable, found)}
+
+
+@dataclass
+class _Micro:
+    signature: tuple
+    graph_def: object
+    feeds: dict  # placeholder -> value, per run
+    fetches: list[str]  # tensors leaving the pattern, and ops with no outputs (variable updates)
+    exact: dict  # step tensor -> placeholder, for non-floating inputs (real values wanted)
+    init_feeds: dict = field(default_factory=dict)  # variables the pattern reads or updates: their values
+    init_ops: list[str] = field(default_factory=list)
+
+
+def _micro_graph(graph, pattern: list[str]) -> _Micro | None:
+    """One pattern cut out of the step, or None when it cannot be. External inputs become placeholders (those
+    of unknown shape, and non-floating ones, are fed the step's values when known: `exact`); a variable the
+    pattern reads or updates becomes a fresh variable of its own, set once before timing."""
     import tensorflow as tf
 
     members = set(pattern)
@@ -76,26 +229,57 @@ def _micro_graph(graph, pattern: list[str]):
         t.name for op in ops if op.type != "Const" for t in op.outputs
         if any(c.name not in members for c in t.consumers()) or not t.consumers()
     ]
+    outputs += [op.name for op in ops if not op.outputs]
     micro = tf.compat.v1.GraphDef()
-    feeds, signature = {}, [tuple(op.type for op in ops)]
+    result = _Micro((), micro, {}, outputs, {})
+    signature = [tuple(op.type for op in ops)]
     for k, name in enumerate(external):
         tensor = graph.get_tensor_by_name(name)
-        if not tensor.shape.is_fully_defined():
-            return None
+        if tensor.dtype == tf.resource:
+            if tensor.op.type != "VarHandleOp":
+                return None
+            handle = micro.node.add()
+            handle.CopyFrom(tensor.op.node_def)
+            handle.name, handle.device = f"tag_input_{k}", ""
+            handle.attr["shared_name"].s = f"tag_input_{k}".encode()
+            dtype = tf.dtypes.as_dtype(handle.attr["dtype"].type)
+            shape = tf.TensorShape(handle.attr["shape"].shape)
+            if not shape.is_fully_defined():
+                return None
+            value = micro.node.add(name=f"tag_init_{k}", op="Placeholder")
+            value.attr["dtype"].type = dtype.as_datatype_enum
+            value.attr["shape"].shape.CopyFrom(shape.as_proto())
+            assign = micro.node.add(name=f"tag_assign_{k}", op="AssignVariableOp", input=[handle.name, value.name])
+            assign.attr["dtype"].type = dtype.as_datatype_enum
+            result.init_feeds[f"tag_init_{k}:0"] = _sample(shape.as_list(), dtype)
+            result.init_ops.append(assign.name)
+            signature.append((tuple(shape.as_list()), "variable", dtype.name))
+            continue
         placeholder = micro.node.add(name=f"tag_input_{k}", op="Placeholder")
         placeholder.attr["dtype"].type = tensor.dtype.as_datatype_enum
         placeholder.attr["shape"].shape.CopyFrom(tensor.shape.as_proto())
-        feeds[f"tag_input_{k}:0"] = _sample(tensor.shape.as_list(), tensor.dtype)
-        signature.append((tuple(tensor.shape.as_list()), tensor.dtype.name))
-    renamed = {name: f"tag_input_{k}:0" for k, name in enumerate(external)}
+        if tensor.shape.is_fully_defined():
+            result.feeds[f"tag_input_{k}:0"] = _sample(tensor.shape.as_list(), tensor.dtype)
+            signature.append((tuple(tensor.shape.as_list()), tensor.dtype.name))
+        else:  # the step's value tells the shape; without it the pattern is not timed
+            signature.append((None, tensor.dtype.name))
+        if not tensor.dtype.is_floating or not tensor.shape.is_fully_defined():
+            result.exact[name] = f"tag_input_{k}:0"
+    renamed = {name: (f"tag_input_{k}" if graph.get_tensor_by_name(name).dtype == tf.resource else f"tag_input_{k}:0")
+               for k, name in enumerate(external)}
     for op in ops:
         node = micro.node.add()
         node.CopyFrom(op.node_def)
         node.ClearField("input")
         for tensor in op.inputs:
             node.input.append(renamed.get(tensor.name, tensor.name))
+        # Order among the pattern's own ops (a variable read after its update) stays; other control inputs go.
+        node.input.extend("^" + c.name for c in op.control_inputs if c.name in members)
         node.device = ""
-    return tuple(signature), micro, feeds, outputs
+        if "_class" in node.attr:
+            del node.attr["_class"]
+    result.signature = tuple(signature)
+    return result
 
 
 def _sample(shape: list[int], dtype) -> np.ndarray:
@@ -105,27 +289,41 @@ def _sample(shape: list[int], dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype.as_numpy_dtype)
 
 
-def _time(graph_def, feeds, fetches, runs: int, xla: bool) -> float:
+def _time_both(micro: _Micro, runs: int) -> tuple[float, float]:
+    """Median seconds per run as plain TF ops and as one XLA cluster, the two runs alternating."""
+    feeds, fetches = micro.feeds, micro.fetches
+    sessions = [_session(micro.graph_def, xla=False), _session(micro.graph_def, xla=True)]
+    try:
+        for session in sessions:
+            if micro.init_ops:
+                session.run(micro.init_ops, feed_dict=micro.init_feeds)
+            for _ in range(3):  # compile and warm up
+                session.run(fetches, feed_dict=feeds)
+        times: list[list[float]] = [[], []]
+        for _ in range(runs):
+            for k, session in enumerate(sessions):
+                start = time.perf_counter()
+                session.run(fetches, feed_dict=feeds)
+                times[k].append(time.perf_counter() - start)
+    finally:
+        for session in sessions:
+            session.close()
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def _session(graph_def, xla: bool):
     import tensorflow as tf
 
     graph_def = _copy(graph_def)
     if xla:
         for node in graph_def.node:
-            if node.op != "Placeholder":
+            if not node.name.startswith(("tag_input_", "tag_init_", "tag_assign_")):
                 node.attr["_XlaCompile"].b = True
                 node.attr["_XlaScope"].s = b"tune"
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-    with tf.compat.v1.Session(graph=graph) as session:
-        for _ in range(3):  # compile and warm up
-            session.run(fetches, feed_dict=feeds)
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            session.run(fetches, feed_dict=feeds)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return tf.compat.v1.Session(graph=graph)
 
 
 def _copy(graph_def):

@@ -32,7 +32,8 @@ def _graph(ops, pairs):
 def test_classification():
     assert classify("MatMul") == "compute" and classify("Conv2DBackpropFilter") == "compute"
     assert classify("AddV2") == "memory" and classify("Transpose") == "memory" and classify("Sum") == "memory"
-    assert classify("AssignVariableOp") == "other"
+    assert classify("AssignVariableOp") == "variable" and classify("ReadVariableOp") == "variable"
+    assert classify("VarHandleOp") == "other"
 
 
 def test_a_chain_of_elementwise_ops_becomes_one_pattern():
@@ -56,6 +57,16 @@ def test_remote_merge_of_siblings():
     assert plan.patterns == [["a", "b"]]
 
 
+def test_variable_updates_join_the_arithmetic_that_feeds_them(transformer):
+    graph, step = transformer
+    types = {op.name: op.type for op in graph.ops}
+    plan = plan_fusion(graph, step.graph_def)
+    updates = [p for p in plan.patterns if any(types[n] in ("AssignAddVariableOp", "AssignSubVariableOp") for n in p)]
+    assert updates and all(any(types[n] in ("Mul", "Sub", "RealDiv") for n in p) for p in updates)
+    plain = plan_fusion(graph, step.graph_def, variables=False)
+    assert not any(types[n] in ("AssignAddVariableOp", "ReadVariableOp") for p in plain.patterns for n in p)
+
+
 def test_transformer_plan_is_legal(transformer):
     graph, step = transformer
     plan = plan_fusion(graph, step.graph_def)
@@ -65,7 +76,8 @@ def test_transformer_plan_is_legal(transformer):
     assert (kinds == ROW).any()
     for pattern in plan.patterns:
         members = [index[name] for name in pattern]
-        assert all(classify(graph.ops[i].type) == "memory" for i in members)
+        assert all(classify(graph.ops[i].type) in ("memory", "variable") for i in members)
+        assert any(classify(graph.ops[i].type) == "memory" for i in members)
         assert not {ROW, COLUMN} <= set(kinds[members].tolist())
     # Contracting every pattern to one node must leave the graph acyclic.
     group = np.arange(len(graph.ops))
@@ -219,3 +231,29 @@ def test_emit_rejects_a_fusion_plan_of_another_model(tmp_path, tag_home):
     (tmp_path / "topology.json").write_text(json.dumps(TWO_BY_TWO))
     assert main(["emit", "mlp", "--topology", str(tmp_path / "topology.json"), "--strategy", "allreduce",
                  "--fusion", str(tmp_path / "fusion.json"), "--out", str(tmp_path / "out")]) == 2
+
+
+def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
+    """Per-pattern tuning (variables included) keeps a subset; the step check keeps a subset of that."""
+    from tag_core.captures import save_step
+    from tag_core.fusion_tune import check_step, step_values, tune_plan
+
+    spec = resolve_model("mlp[features=12,hidden=16]", 8)
+    captured = capture(spec)
+    planned = plan_fusion(captured.graph, captured.step.graph_def)
+    assert any("AssignAddVariableOp" in {captured.graph.ops[captured.graph.index[n]].type for n in p}
+               for p in planned.patterns)
+    tuned = tune_plan(planned, captured.step.graph_def, runs=5,
+                      values=lambda names: step_values(captured.step, spec, names))
+    m = tuned.measured
+    assert m["tuned_patterns_kept"] + m["tuned_patterns_dropped"] + m["tuned_patterns_untimed"] == len(planned.patterns)
+    assert all(p in planned.patterns for p in tuned.patterns)
+    assert len(m["pattern_saving_us"]) == len(tuned.patterns)
+    assert m["tuned_patterns_untimed"] < len(planned.patterns)  # variables and integer inputs are timed
+    checked = check_step(tuned, captured.step, spec, seconds=0.2)
+    assert all(p in tuned.patterns for p in checked.patterns)
+    assert checked.kernels_after == checked.kernels_before - checked.ops_fused + len(checked.patterns)
+    if tuned.patterns:
+        check = checked.measured["step_check"]
+        assert check["rounds"] >= 6 and check["kept_patterns"] == len(checked.patterns)
+        assert checked.patterns == [] or min(v["ratio"] for v in check["variants"]) <= 0.99

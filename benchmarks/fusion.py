@@ -1,0 +1,223 @@
+"""Fusion benchmark: a training step here under no XLA, TF auto-clustering, whole-step jit and TAG's plan.
+
+    python benchmarks/fusion.py [--models transformer,bert_base,...] [--repeats 3] [--steps 5] [--markdown]
+
+For each model: capture the step, plan fusion (`tag_core.fusion.plan_fusion`), tune the plan per pattern
+(`tag_core.fusion_tune.tune_plan`: each pattern timed here as TF ops and as one XLA cluster, kept only when
+the cluster wins), then time the step in the four modes of `tag fuse --measure`, each in its own process.
+Each mode runs `--repeats` times (modes interleaved, so load from other work on the machine hits every mode
+alike); a run times `--steps` steps after `--warmup` and its median is one sample. The table reports the
+median over runs, kernels per step from TF's step stats, the first step (XLA compilation included) and the
+peak RSS of each mode's process. `--untuned` also times the plan before tuning (mode `tag_untuned`).
+
+Raw figures go to benchmarks/fusion.json; with --markdown the "Fusion" section of benchmarks/results.md is
+rewritten (only that section). The machine's load average is recorded before and after each model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tag_core.captures import save_step  # noqa: E402
+from tag_core.fusion import plan_fusion  # noqa: E402
+from tag_core.fusion_measure import MODES, measure_modes  # noqa: E402
+from tag_core.fusion_tune import check_step, step_values, tune_plan  # noqa: E402
+from tag_core.graph import capture  # noqa: E402
+from tag_core.models import resolve_model  # noqa: E402
+
+# Reduced for a 2-core CPU; the widths are the published ones unless the name says otherwise.
+MODELS = {
+    # layers=1: one encoder and one decoder block (two layers), d_model 512, 8 heads, ff 2048, vocab 32000.
+    "transformer": ("transformer[layers=1]", 16),
+    # Two of BERT-base's twelve encoder layers, hidden 768, sequence 64 instead of 128.
+    "bert_base": ("bert_base[layers=2,seq_len=64]", 8),
+    "mobilenet_v2": ("mobilenet_v2[image_size=96]", 16),
+    "small_cnn": ("small_cnn", 16),
+}
+XLA_MODES = ("autocluster", "jit")
+SECTION = "## Fusion (`benchmarks/fusion.py`)"
+OUT = ROOT / "benchmarks" / "fusion.json"
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def measure(key: str, repeats: int, steps: int, warmup: int, untuned: bool) -> dict:
+    name, batch = MODELS[key]
+    spec = resolve_model(name, batch)
+    row: dict = {"model": key, "spec": spec.name, "batch_size": batch, "load_before": load()}
+    start = time.perf_counter()
+    captured = capture(spec)
+    graph, step = captured.graph, captured.step
+    row["capture_s"] = round(time.perf_counter() - start, 1)
+    with tempfile.TemporaryDirectory() as folder:
+        _, meta = save_step(step, Path(folder))
+        planned = plan_fusion(graph, step.graph_def)
+        row["planned"] = {"patterns": len(planned.patterns), "ops_fused": planned.ops_fused,
+                          "kernels_before": planned.kernels_before, "kernels_after": planned.kernels_after}
+        start = time.perf_counter()
+        tuned = tune_plan(planned, step.graph_def, values=lambda names: step_values(step, spec, names))
+        row["tune_s"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        tuned = check_step(tuned, step, spec)
+        row["step_check_s"] = round(time.perf_counter() - start, 1)
+        del captured, step
+        plans = {"tag": tuned, **({"tag_untuned": planned} if untuned else {})}
+        files = {}
+        for mode, plan in plans.items():
+            files[mode] = Path(folder) / f"{mode}.json"
+            files[mode].write_text(json.dumps(plan.to_json()))
+        row["plan"] = {mode: {"patterns": len(p.patterns), "ops_fused": p.ops_fused, "kernels_before": p.kernels_before,
+                              "kernels_after": p.kernels_after} for mode, p in plans.items()}
+        row["tuning"] = {k: v for k, v in tuned.measured.items() if k.startswith("tuned_") or k == "step_check"}
+        modes = [*MODES, *(["tag_untuned"] if untuned else [])]
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for r in range(repeats):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotate: no mode always first
+                plan_file = str(files.get(mode, files["tag"]))
+                child = "tag" if mode == "tag_untuned" else mode
+                result = measure_modes(spec.name, batch, str(meta), plan_file, steps=steps, warmup=warmup,
+                                       modes=(child,))[child]
+                runs[mode].append(result)
+                print(f"  {key} run {r + 1}/{repeats} {mode}: {result['step_ms']:.1f} ms", file=sys.stderr, flush=True)
+    row["modes"] = {mode: summarise(results) for mode, results in runs.items()}
+    row["load_after"] = load()
+    row.update(ratios(row["modes"]))
+    return row
+
+
+def summarise(results: list[dict]) -> dict:
+    medians = [r["step_ms"] for r in results]
+    kernels = [r["kernels"] for r in results if r["kernels"] is not None]
+    return {
+        "step_ms": round(statistics.median(medians), 2),
+        "step_ms_runs": [round(m, 2) for m in medians],
+        "first_step_ms": round(statistics.median(r["first_step_ms"] for r in results), 1),
+        "kernels": kernels[0] if kernels else None,
+        "peak_rss_mb": round(max(r["peak_rss_mb"] or 0 for r in results), 1),
+    }
+
+
+def ratios(modes: dict) -> dict:
+    tag = modes["tag"]["step_ms"]
+    best = min(XLA_MODES, key=lambda m: modes[m]["step_ms"])
+    return {"best_xla_mode": best, "tag_over_best_xla": round(tag / modes[best]["step_ms"], 3),
+            "tag_over_tf": round(tag / modes["tf"]["step_ms"], 3)}
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [SECTION, "",
+             f"Training step on this machine's CPU ({meta['cpus']} cores, {meta['machine']}; TF "
+             f"{meta['tensorflow']}), median over {meta['repeats']} runs per mode, each its own process timing "
+             f"{meta['steps']} steps after {meta['warmup']} warm-up steps; modes interleaved. `tf`: no XLA; "
+             f"`autocluster`: `TF_XLA_FLAGS=\"--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit\"`; `jit`: the whole "
+             f"step under `tf.function(jit_compile=True)`; `tag`: TAG's tuned fusion plan (each kept pattern one "
+             f"XLA cluster). Ratios are step-time ratios (below 1: TAG's plan is faster). Kernels per step are "
+             f"from TF's step stats (an XLA cluster counts once; `jit` has none to list). Load: 1-minute load "
+             f"average before / after the model (other work shares the machine). Reproduce: "
+             f"`python benchmarks/fusion.py --markdown`.", "",
+             "| model | batch | tf ms | autocluster ms | jit ms | tag ms | tag / best XLA | tag / tf | "
+             "kernels tf → tag | patterns planned → tuned → kept | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        m = row["modes"]
+        tuning = row["tuning"]
+        lines.append(
+            f"| `{row['spec']}` | {row['batch_size']} | {m['tf']['step_ms']:.1f} | {m['autocluster']['step_ms']:.1f} | "
+            f"{m['jit']['step_ms']:.1f} | **{m['tag']['step_ms']:.1f}** | {row['tag_over_best_xla']:.2f} "
+            f"({row['best_xla_mode']}) | {row['tag_over_tf']:.2f} | {m['tf']['kernels']} → {m['tag']['kernels']} | "
+            f"{row['planned']['patterns']} → {tuning.get('tuned_patterns_kept', 0)} → "
+            f"{row['plan']['tag']['patterns']} | {row['load_before'][0]:.1f} / "
+            f"{row['load_after'][0]:.1f} |")
+    lines += ["", "First step (XLA compilation included), ms, and peak RSS of each mode's process, MB:", "",
+              "| model | tf | autocluster | jit | tag | RSS tf | RSS autocluster | RSS jit | RSS tag |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        m = row["modes"]
+        lines.append(f"| {row['model']} | " + " | ".join(f"{m[k]['first_step_ms']:.0f}" for k in MODES) + " | " +
+                     " | ".join(f"{m[k]['peak_rss_mb']:.0f}" for k in MODES) + " |")
+    if any("tag_untuned" in row["modes"] for row in rows):
+        lines += ["", "The plan before tuning (every planned pattern an XLA cluster), median step ms:", ""]
+        for row in rows:
+            if "tag_untuned" in row["modes"]:
+                u = row["modes"]["tag_untuned"]
+                lines.append(f"- {row['model']}: {u['step_ms']:.1f} ms ({u['kernels']} kernels; "
+                             f"{u['step_ms'] / row['modes']['tf']['step_ms']:.2f} × tf)")
+    lines += ["", *findings(rows), ""]
+    return "\n".join(lines)
+
+
+def findings(rows: list[dict]) -> list[str]:
+    out = []
+    for row in rows:
+        m = row["modes"]
+        spread = {k: (min(v["step_ms_runs"]), max(v["step_ms_runs"])) for k, v in m.items()}
+        check = row["tuning"].get("step_check", {})
+        variants = ", ".join(f"{v['patterns']} patterns {v['ratio']:.3f}" for v in check.get("variants", []))
+        out.append(f"- {row['model']}: run medians tf {spread['tf'][0]:.1f}–{spread['tf'][1]:.1f} ms, "
+                   f"tag {spread['tag'][0]:.1f}–{spread['tag'][1]:.1f} ms. Per-pattern tuning kept "
+                   f"{row['tuning'].get('tuned_patterns_kept', 0)} of {row['planned']['patterns']} patterns "
+                   f"({row['tune_s']:.0f} s); the step check (paired ratios to the plain step over "
+                   f"{check.get('rounds', 0)} rounds: {variants or 'nothing to check'}) kept "
+                   f"{row['plan']['tag']['patterns']} ({row['plan']['tag']['ops_fused']} ops), "
+                   f"{row.get('step_check_s', 0):.0f} s.")
+    return out
+
+
+def write_section(text: str) -> None:
+    """Replace this script's section of results.md (up to the next '## '), or append it."""
+    path = ROOT / "benchmarks" / "results.md"
+    current = path.read_text()
+    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: text + "\n", current)
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text
+    path.write_text(updated)
+
+
+def main() -> int:
+    import tensorflow as tf
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--untuned", action="store_true", help="also time the plan before tuning")
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--report", action="store_true", help="only rewrite the markdown from fusion.json")
+    args = parser.parse_args()
+    meta = {"cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+            "tensorflow": tf.__version__, "repeats": args.repeats, "steps": args.steps, "warmup": args.warmup}
+    if args.report:
+        data = json.loads(OUT.read_text())
+        write_section(markdown(data["rows"], data["meta"]))
+        return 0
+    previous = {r["model"]: r for r in json.loads(OUT.read_text())["rows"]} if OUT.exists() else {}
+    for key in [m for m in args.models.split(",") if m in MODELS]:
+        row = measure(key, args.repeats, args.steps, args.warmup, args.untuned)
+        previous[key] = row
+        print(json.dumps(row), flush=True)
+        rows = [previous[k] for k in MODELS if k in previous]
+        OUT.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    if args.markdown:
+        write_section(markdown(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
