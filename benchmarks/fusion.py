@@ -32,19 +32,20 @@ sys.path.insert(0, str(ROOT))
 
 from tag_core.captures import save_step  # noqa: E402
 from tag_core.fusion import plan_fusion  # noqa: E402
-from tag_core.fusion_measure import MODES, measure_modes  # noqa: E402
+from tag_core.fusion_measure import MODES, measure_modes, measure_paired  # noqa: E402
 from tag_core.fusion_tune import check_step, step_values, tune_plan  # noqa: E402
 from tag_core.graph import capture  # noqa: E402
 from tag_core.models import resolve_model  # noqa: E402
 
 # Reduced for a 2-core CPU; the widths are the published ones unless the name says otherwise.
+# model: (spec, batch, timed steps per run, paired rounds)
 MODELS = {
     # layers=1: one encoder and one decoder block (two layers), d_model 512, 8 heads, ff 2048, vocab 32000.
-    "transformer": ("transformer[layers=1]", 16),
+    "transformer": ("transformer[layers=1]", 16, 5, 10),
     # Two of BERT-base's twelve encoder layers, hidden 768, sequence 64 instead of 128.
-    "bert_base": ("bert_base[layers=2,seq_len=64]", 8),
-    "mobilenet_v2": ("mobilenet_v2[image_size=96]", 16),
-    "small_cnn": ("small_cnn", 16),
+    "bert_base": ("bert_base[layers=2,seq_len=64]", 8, 5, 10),
+    "mobilenet_v2": ("mobilenet_v2[image_size=96]", 16, 10, 16),
+    "small_cnn": ("small_cnn", 16, 50, 60),
 }
 XLA_MODES = ("autocluster", "jit")
 SECTION = "## Fusion (`benchmarks/fusion.py`)"
@@ -55,10 +56,11 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def measure(key: str, repeats: int, steps: int, warmup: int, untuned: bool) -> dict:
-    name, batch = MODELS[key]
+def measure(key: str, repeats: int, steps: int | None, warmup: int, untuned: bool, rounds: int | None) -> dict:
+    name, batch, default_steps, default_rounds = MODELS[key]
+    steps, rounds = steps or default_steps, rounds or default_rounds
     spec = resolve_model(name, batch)
-    row: dict = {"model": key, "spec": spec.name, "batch_size": batch, "load_before": load()}
+    row: dict = {"model": key, "spec": spec.name, "batch_size": batch, "steps": steps, "load_before": load()}
     start = time.perf_counter()
     captured = capture(spec)
     graph, step = captured.graph, captured.step
@@ -93,9 +95,11 @@ def measure(key: str, repeats: int, steps: int, warmup: int, untuned: bool) -> d
                                        modes=(child,))[child]
                 runs[mode].append(result)
                 print(f"  {key} run {r + 1}/{repeats} {mode}: {result['step_ms']:.1f} ms", file=sys.stderr, flush=True)
+        row["paired"] = measure_paired(spec.name, batch, str(meta), str(files["tag"]), rounds=rounds, warmup=warmup)
+        print(f"  {key} paired: {row['paired']['ratio_to_tf']}", file=sys.stderr, flush=True)
     row["modes"] = {mode: summarise(results) for mode, results in runs.items()}
     row["load_after"] = load()
-    row.update(ratios(row["modes"]))
+    row.update(ratios(row["modes"], row["paired"]))
     return row
 
 
@@ -111,43 +115,55 @@ def summarise(results: list[dict]) -> dict:
     }
 
 
-def ratios(modes: dict) -> dict:
+def ratios(modes: dict, paired: dict) -> dict:
     tag = modes["tag"]["step_ms"]
     best = min(XLA_MODES, key=lambda m: modes[m]["step_ms"])
+    r = paired["ratio_to_tf"]
+    paired_best = min(XLA_MODES, key=lambda m: r[m])
     return {"best_xla_mode": best, "tag_over_best_xla": round(tag / modes[best]["step_ms"], 3),
-            "tag_over_tf": round(tag / modes["tf"]["step_ms"], 3)}
+            "tag_over_tf": round(tag / modes["tf"]["step_ms"], 3),
+            "paired_best_xla_mode": paired_best, "paired_tag_over_best_xla": round(r["tag"] / r[paired_best], 3),
+            "paired_tag_over_tf": r["tag"]}
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [SECTION, "",
-             f"Training step on this machine's CPU ({meta['cpus']} cores, {meta['machine']}; TF "
-             f"{meta['tensorflow']}), median over {meta['repeats']} runs per mode, each its own process timing "
-             f"{meta['steps']} steps after {meta['warmup']} warm-up steps; modes interleaved. `tf`: no XLA; "
-             f"`autocluster`: `TF_XLA_FLAGS=\"--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit\"`; `jit`: the whole "
-             f"step under `tf.function(jit_compile=True)`; `tag`: TAG's tuned fusion plan (each kept pattern one "
-             f"XLA cluster). Ratios are step-time ratios (below 1: TAG's plan is faster). Kernels per step are "
-             f"from TF's step stats (an XLA cluster counts once; `jit` has none to list). Load: 1-minute load "
-             f"average before / after the model (other work shares the machine). Reproduce: "
-             f"`python benchmarks/fusion.py --markdown`.", "",
+             f"A training step on this machine's CPU ({meta['cpus']} cores, {meta['machine']}; TF "
+             f"{meta['tensorflow']}) in four modes: `tf` no XLA; `autocluster` "
+             f"`TF_XLA_FLAGS=\"--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit\"`; `jit` the whole step under "
+             f"`tf.function(jit_compile=True)`; `tag` TAG's fusion plan after tuning (per pattern, then the step "
+             f"check), each kept pattern one XLA cluster. Step ms: median over {meta['repeats']} runs per mode, "
+             f"each run its own process timing the model's steps after {meta['warmup']} warm-up steps, modes "
+             f"interleaved. Paired: the four modes in one process, a step of each in turn, median over rounds of "
+             f"(mode's step / the `tf` step of the same round); load from other work on the machine moves these "
+             f"ratios far less than the per-process medians. Ratios are step-time ratios (below 1: TAG's plan is "
+             f"faster). Kernels per step from TF's step stats (an XLA cluster counts once; `jit` lists none). "
+             f"Load: 1-minute load average before / after the model; other agents' work shared the 2 cores. "
+             f"Reproduce: `python benchmarks/fusion.py --markdown` (`--report` rewrites this from fusion.json).", "",
              "| model | batch | tf ms | autocluster ms | jit ms | tag ms | tag / best XLA | tag / tf | "
-             "kernels tf → tag | patterns planned → tuned → kept | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "paired tag / best XLA | paired tag / tf | kernels tf → tag (autocluster) | "
+             "patterns planned → tuned → kept | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         m = row["modes"]
         tuning = row["tuning"]
         lines.append(
             f"| `{row['spec']}` | {row['batch_size']} | {m['tf']['step_ms']:.1f} | {m['autocluster']['step_ms']:.1f} | "
             f"{m['jit']['step_ms']:.1f} | **{m['tag']['step_ms']:.1f}** | {row['tag_over_best_xla']:.2f} "
-            f"({row['best_xla_mode']}) | {row['tag_over_tf']:.2f} | {m['tf']['kernels']} → {m['tag']['kernels']} | "
-            f"{row['planned']['patterns']} → {tuning.get('tuned_patterns_kept', 0)} → "
-            f"{row['plan']['tag']['patterns']} | {row['load_before'][0]:.1f} / "
-            f"{row['load_after'][0]:.1f} |")
-    lines += ["", "First step (XLA compilation included), ms, and peak RSS of each mode's process, MB:", "",
-              "| model | tf | autocluster | jit | tag | RSS tf | RSS autocluster | RSS jit | RSS tag |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"({row['best_xla_mode']}) | {row['tag_over_tf']:.2f} | **{row['paired_tag_over_best_xla']:.3f}** "
+            f"({row['paired_best_xla_mode']}) | **{row['paired_tag_over_tf']:.3f}** | {m['tf']['kernels']} → "
+            f"{m['tag']['kernels']} ({m['autocluster']['kernels']}) | {row['planned']['patterns']} → "
+            f"{tuning.get('tuned_patterns_kept', 0)} → {row['plan']['tag']['patterns']} | "
+            f"{row['load_before'][0]:.1f} / {row['load_after'][0]:.1f} |")
+    lines += ["", "Paired step ratios to `tf` per mode, first step (XLA compilation included, ms) and peak RSS of each "
+              "mode's process (MB):", "",
+              "| model | paired autocluster | paired jit | paired tag | first tf | first autocluster | first jit | "
+              "first tag | RSS tf | RSS autocluster | RSS jit | RSS tag |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
-        m = row["modes"]
-        lines.append(f"| {row['model']} | " + " | ".join(f"{m[k]['first_step_ms']:.0f}" for k in MODES) + " | " +
+        m, r = row["modes"], row["paired"]["ratio_to_tf"]
+        lines.append(f"| {row['model']} | {r['autocluster']:.3f} | {r['jit']:.3f} | {r['tag']:.3f} | " +
+                     " | ".join(f"{m[k]['first_step_ms']:.0f}" for k in MODES) + " | " +
                      " | ".join(f"{m[k]['peak_rss_mb']:.0f}" for k in MODES) + " |")
     if any("tag_untuned" in row["modes"] for row in rows):
         lines += ["", "The plan before tuning (every planned pattern an XLA cluster), median step ms:", ""]
@@ -173,7 +189,8 @@ def findings(rows: list[dict]) -> list[str]:
                    f"({row['tune_s']:.0f} s); the step check (paired ratios to the plain step over "
                    f"{check.get('rounds', 0)} rounds: {variants or 'nothing to check'}) kept "
                    f"{row['plan']['tag']['patterns']} ({row['plan']['tag']['ops_fused']} ops), "
-                   f"{row.get('step_check_s', 0):.0f} s.")
+                   f"{row.get('step_check_s', 0):.0f} s; {row['steps']} timed steps per run, "
+                   f"{row['paired']['rounds']} paired rounds.")
     return out
 
 
@@ -195,7 +212,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, help="timed steps per run (default: per model)")
+    parser.add_argument("--rounds", type=int, help="rounds of the paired measurement (default: per model)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--untuned", action="store_true", help="also time the plan before tuning")
     parser.add_argument("--markdown", action="store_true")
@@ -209,7 +227,7 @@ def main() -> int:
         return 0
     previous = {r["model"]: r for r in json.loads(OUT.read_text())["rows"]} if OUT.exists() else {}
     for key in [m for m in args.models.split(",") if m in MODELS]:
-        row = measure(key, args.repeats, args.steps, args.warmup, args.untuned)
+        row = measure(key, args.repeats, args.steps, args.warmup, args.untuned, args.rounds)
         previous[key] = row
         print(json.dumps(row), flush=True)
         rows = [previous[k] for k in MODELS if k in previous]

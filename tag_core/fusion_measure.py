@@ -47,6 +47,8 @@ def measure_modes(model: str, batch_size: int, step_file: str, plan_file: str | 
 
 
 PAIRED_FLAGS = "--tf_xla_cpu_global_jit"
+# A pause before each timed step: thread pools spin for a while after a step, and would slow whichever ran next.
+GAP_S = 0.02
 
 
 def measure_paired(model: str, batch_size: int, step_file: str, plan_file: str, rounds: int = 10, warmup: int = 2,
@@ -122,9 +124,10 @@ def _paired(spec, step_file: str, plan_file: str, rounds: int, warmup: int) -> d
         for _ in range(warmup):
             run()
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for r in range(rounds):
-        order = list(MODES[r % len(MODES):] + MODES[:r % len(MODES)])
-        for mode in order[::(-1 if (r // len(MODES)) % 2 else 1)]:
+    rng = np.random.default_rng(0)
+    for _ in range(rounds):
+        for mode in rng.permutation(MODES):  # no mode always runs after the same one
+            time.sleep(GAP_S)
             start = time.perf_counter()
             runners[mode]()
             times[mode].append(time.perf_counter() - start)

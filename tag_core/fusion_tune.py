@@ -31,10 +31,12 @@ import numpy as np
 from .fusion import FusionPlan
 
 TUNE_RUNS = 15
+TUNE_GAP_S = 0.001  # pause before each timed run (thread pools spin a while after one)
 MIN_WIN_S = 2e-6  # a cluster must save at least this much per step...
 MIN_WIN_FRACTION = 0.05  # ...and this share of the pattern's plain time
-STEP_MARGIN = 0.01  # the whole step with the plan must be this much faster than without
+STEP_MARGIN = 0.02  # the whole step with the plan must be this much faster than without (noise here: ~2%)
 STEP_CHECK_S = 3.0  # seconds of steps per variant when checking (6 to 40 alternating rounds)
+STEP_GAP_S = 0.02  # pause before each timed step: thread pools spin after a step and would slow the next one
 
 
 def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool = False,
@@ -129,10 +131,10 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
             for _ in range(2):
                 session.run(fetches, feed_dict=feed)
         times: list[list[float]] = [[] for _ in sessions]
-        rounds = 0
+        rounds, rng = 0, np.random.default_rng(0)
         while rounds < 6 or (rounds < 40 and min(sum(t) for t in times) < seconds):
-            order = list(range(len(sessions)))[::(-1 if rounds % 2 else 1)]
-            for k in order:
+            for k in rng.permutation(len(sessions)):  # no variant always runs after the same one
+                time.sleep(STEP_GAP_S)
                 start = time.perf_counter()
                 sessions[k].run(fetches, feed_dict=feed)
                 times[k].append(time.perf_counter() - start)
@@ -302,6 +304,7 @@ def _time_both(micro: _Micro, runs: int) -> tuple[float, float]:
         times: list[list[float]] = [[], []]
         for _ in range(runs):
             for k, session in enumerate(sessions):
+                time.sleep(TUNE_GAP_S)
                 start = time.perf_counter()
                 session.run(fetches, feed_dict=feeds)
                 times[k].append(time.perf_counter() - start)
