@@ -187,14 +187,19 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
         src, dst = _placement_desc(ctx, p, s, sp), _placement_desc(ctx, p, s, dp)
+        edges = np.flatnonzero(inverse == u_i)
         collective = _collective_shape(src, dst, bool(b), m)
         if collective is not None:
-            gathered.append((np.flatnonzero(inverse == u_i), dp, *collective))
-            continue
+            # Tensors move by the collective; pure dependencies (no bytes) stay point-to-point signals.
+            data = ctx.e_bytes[edges] > 0
+            if data.any():
+                gathered.append((edges[data], dp, *collective))
+            edges = edges[~data]
+            if not len(edges):
+                continue
         rows = _pattern(ctx, src, dst, bool(b), m)
         if not rows:
             continue
-        edges = np.flatnonzero(inverse == u_i)
         r = np.array(rows, dtype=np.float64)  # (src_dev, dst_dev, frac, kind)
         n_e, n_r = len(edges), len(rows)
         e_rep = np.repeat(edges, n_r)

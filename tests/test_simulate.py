@@ -219,6 +219,10 @@ def test_one_devices_tensor_wanted_on_several_is_broadcast():
     r = simulate(g, topo, s)
     assert r.comm_s["broadcast"] == pytest.approx(broadcast_time(nbytes, 4, 10.0))
     assert r.comm_s["p2p"] == 0.0
+    # A pure dependency (no bytes) is a signal to each device, not a collective.
+    dep = OpGraph("dep", 1, g.ops, [Edge(0, 1, 0, False, "")], [])
+    r = simulate(dep, topo, s)
+    assert r.comm_s["broadcast"] == 0.0 and r.comm_s["p2p"] == pytest.approx(3 * LATENCY_S)
 
 
 def test_symmetry_shortcut_is_exact_and_results_are_deterministic():
