@@ -300,7 +300,7 @@ def _sfb_candidates(sim: Simulator, groups: OpGroups, space: ActionSpace, speed:
         if key not in solved:
             solved[key] = decide(sim, strategy, time_limit_s)
         result = apply_sfb(sim, strategy, time_limit_s, decisions=solved[key])
-        if best is None or result.time_with_s < best[2].time_with_s:
+        if best is None or (result.oom, result.time_with_s) < (best[2].oom, best[2].time_with_s):
             best = (actions, s, result)
     return best
 

@@ -80,6 +80,7 @@ class SfbResult:
     kept: list[str]  # variables whose SFB the simulator confirmed
     time_without_s: float
     time_with_s: float
+    oom: bool = False  # the kept plan runs out of memory (so did the plan without SFB)
 
     def to_dict(self, sim: Simulator) -> dict[str, Any]:
         ops = sim.graph.ops
@@ -167,7 +168,7 @@ def apply_sfb(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_
         result = sim.run(trial)
         if result.iteration_time_s < best.iteration_time_s and (not result.oom or best.oom):
             best, kept = result, trial.sfb
-    return SfbResult(replace(base, sfb=kept), decisions, list(kept), without, best.iteration_time_s)
+    return SfbResult(replace(base, sfb=kept), decisions, list(kept), without, best.iteration_time_s, bool(best.oom))
 
 
 # ---- costs ------------------------------------------------------------------------------
