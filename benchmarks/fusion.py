@@ -45,7 +45,7 @@ MODELS = {
     # Two of BERT-base's twelve encoder layers, hidden 768, sequence 64 instead of 128.
     "bert_base": ("bert_base[layers=2,seq_len=64]", 8, 5, 10),
     "mobilenet_v2": ("mobilenet_v2[image_size=96]", 16, 10, 16),
-    "small_cnn": ("small_cnn", 16, 50, 60),
+    "small_cnn": ("small_cnn", 16, 200, 200),
 }
 XLA_MODES = ("autocluster", "jit")
 SECTION = "## Fusion (`benchmarks/fusion.py`)"

@@ -14,8 +14,9 @@ the same code times GPU kernels.
 A pattern that wins alone can still lose inside the step (its plain ops ran
 beside other work; the cluster adds executor ops), so `check_step` then times
 the whole step with the kept patterns against the plain step, alternating in
-one process, and also with only the half and the quarter of them that saved
-most. The fastest is kept if it beats the plain step by `STEP_MARGIN`;
+one process (a step of each in turn, in shuffled order, for at least
+`STEP_CHECK_S` of steps each), and also with only the half and the quarter of
+them that saved most. The fastest is kept if it beats the plain step by `STEP_MARGIN`;
 otherwise the plan is emptied, which is the plain step. A tuned plan is
 therefore never slower than no XLA beyond the noise of that comparison.
 """
@@ -35,7 +36,8 @@ TUNE_GAP_S = 0.001  # pause before each timed run (thread pools spin a while aft
 MIN_WIN_S = 2e-6  # a cluster must save at least this much per step...
 MIN_WIN_FRACTION = 0.05  # ...and this share of the pattern's plain time
 STEP_MARGIN = 0.02  # the whole step with the plan must be this much faster than without (noise here: ~2%)
-STEP_CHECK_S = 3.0  # seconds of steps per variant when checking (6 to 40 alternating rounds)
+STEP_CHECK_S = 3.0  # seconds of steps per variant when checking...
+STEP_CHECK_ROUNDS = 400  # ...in 6 to this many rounds (small steps need many: their noise is larger)
 STEP_GAP_S = 0.02  # pause before each timed step: thread pools spin after a step and would slow the next one
 
 
@@ -129,12 +131,14 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
     try:
         for session in sessions:  # compile, warm up
             for _ in range(2):
+                start = time.perf_counter()
                 session.run(fetches, feed_dict=feed)
+        gap = min(STEP_GAP_S, time.perf_counter() - start)
         times: list[list[float]] = [[] for _ in sessions]
         rounds, rng = 0, np.random.default_rng(0)
-        while rounds < 6 or (rounds < 40 and min(sum(t) for t in times) < seconds):
+        while rounds < 6 or (rounds < STEP_CHECK_ROUNDS and min(sum(t) for t in times) < seconds):
             for k in rng.permutation(len(sessions)):  # no variant always runs after the same one
-                time.sleep(STEP_GAP_S)
+                time.sleep(gap)
                 start = time.perf_counter()
                 sessions[k].run(fetches, feed_dict=feed)
                 times[k].append(time.perf_counter() - start)

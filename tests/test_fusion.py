@@ -208,13 +208,18 @@ def test_emit_with_a_fusion_plan_file_passes_the_check(tmp_path, tag_home, capsy
 
 
 @pytest.mark.timeout(600)
-def test_emitted_cnn_with_fresh_fusion_plan_matches_single_device(tmp_path):
+@pytest.mark.parametrize("strategy", ["duplicate", "ps"])
+def test_emitted_cnn_with_fresh_fusion_plan_matches_single_device(tmp_path, strategy):
+    """Variable updates inside clusters too: PS puts each variable and its writers on one device."""
     from tag_core.emit import emit, write_emission
     from tag_core.runtime import run_emitted
     from tag_core.topology import parse_topology
 
-    emission = emit(resolve_model("small_cnn[image_size=8]", 8), parse_topology(TWO_BY_TWO), "duplicate", "cpu",
+    emission = emit(resolve_model("small_cnn[image_size=8]", 8), parse_topology(TWO_BY_TWO), strategy, "cpu",
                     fusion=lambda graph, step: plan_fusion(graph, step.graph_def))
+    types = {op.name: op.type for op in emission.graph.ops}
+    assert any(types[n] == "AssignAddVariableOp" for p in plan_fusion(emission.graph, emission.reference.graph_def
+                                                                      ).patterns for n in p)
     assert emission.fusion["patterns"] > 0 and emission.fusion["nodes_marked"] >= emission.fusion["ops_fused"]
     out = write_emission(emission, tmp_path / "emitted")
     lines: list[str] = []
