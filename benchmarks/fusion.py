@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from tag_core.captures import save_step  # noqa: E402
 from tag_core.fusion import plan_fusion  # noqa: E402
 from tag_core.fusion_measure import MODES, measure_modes, measure_paired  # noqa: E402
-from tag_core.fusion_tune import check_step, step_values, tune_plan  # noqa: E402
+from tag_core.fusion_tune import STEP_MARGIN, check_step, step_values, tune_plan  # noqa: E402
 from tag_core.graph import capture  # noqa: E402
 from tag_core.models import resolve_model  # noqa: E402
 
@@ -177,7 +177,19 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 
 def findings(rows: list[dict]) -> list[str]:
-    out = []
+    out = ["Goals, on the paired ratios (per-process medians move with the load):"]
+    for row in rows:
+        if row["model"] in ("transformer", "bert_base"):
+            ratio = row["paired_tag_over_best_xla"]
+            verdict = "met" if ratio < 1 - STEP_MARGIN else "a tie within the noise" if ratio <= 1 + STEP_MARGIN \
+                else "not met"
+            out.append(f"- TAG's plan at least as fast as the best XLA mode on {row['model']}: {verdict} "
+                       f"({ratio:.3f} × {row['paired_best_xla_mode']}).")
+    worst = max(rows, key=lambda r: r["paired_tag_over_tf"])
+    out.append(f"- Never slower than no XLA: worst paired tag / tf {worst['paired_tag_over_tf']:.3f} "
+               f"({worst['model']}); the step check's margin is {STEP_MARGIN:.0%}, about the noise of these ratios "
+               f"here.")
+    out += ["", "Per model:"]
     for row in rows:
         m = row["modes"]
         spread = {k: (min(v["step_ms_runs"]), max(v["step_ms_runs"])) for k, v in m.items()}

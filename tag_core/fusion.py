@@ -326,8 +326,9 @@ def mark_emitted_for_xla(graph_def, plan: FusionPlan) -> dict:
     single-device one.
 
     The emitter copies op `name` once per copy of its placement, as `tag/p<placement>/<r|g><k>/name`:
-    each copy of a pattern on one device becomes its own cluster, `_XlaScope="fusion_<k>/p<placement>/<copy>"`
-    (an XLA cluster runs on one device, and different scopes never merge). Returns what was marked.
+    each copy of a pattern on one device becomes its own cluster,
+    `_XlaScope="fusion_<k>/p<placement>/<copy>/t<task>/<device>"` (an XLA cluster runs on one device, and
+    different scopes never merge). Returns what was marked.
     """
     pattern_of = {name: k for k, pattern in enumerate(plan.patterns) for name in pattern}
     scope_of: dict[str, str] = {}
@@ -335,13 +336,18 @@ def mark_emitted_for_xla(graph_def, plan: FusionPlan) -> dict:
         match = EMITTED_COPY.match(node.name)
         if match is None or match.group(3) not in pattern_of:
             continue
-        device = node.device.rsplit("/", 1)[-1].replace(":", "").lower() if node.device else ""
         scope = f"fusion_{pattern_of[match.group(3)]}/p{match.group(1)}/{match.group(2)}"
-        scope_of[node.name] = f"{scope}/{device}" if device else scope
+        scope_of[node.name] = f"{scope}/{_short_device(node.device)}" if node.device else scope
     fused = {scope for scope in scope_of.values()}
     marked = _mark_scopes(graph_def, scope_of)
     return {"patterns": len(plan.patterns), "ops_fused": plan.ops_fused, "clusters": len(fused),
             "nodes_marked": marked}
+
+
+def _short_device(device: str) -> str:
+    """`/job:worker/replica:0/task:1/device:GPU:2` -> `t1/gpu2`."""
+    found = re.search(r"task:(\d+)/device:([A-Za-z_]+):(\d+)", device)
+    return f"t{found.group(1)}/{found.group(2).lower()}{found.group(3)}" if found else re.sub(r"\W+", "_", device)
 
 
 def _mark_scopes(graph_def, scope_of: dict[str, str]) -> int:

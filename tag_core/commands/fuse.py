@@ -10,7 +10,9 @@ def register(subparsers) -> None:
     parser.add_argument("model", help="zoo name or path/to/file.py:function")
     parser.add_argument("--batch-size", type=positive_int, help="global batch size (default: the model's)")
     parser.add_argument("--gpu", default="V100-32GB", help="catalog GPU the plan is scored for (default V100-32GB)")
-    parser.add_argument("--tune", action="store_true", help="time every pattern for real and keep the winners")
+    parser.add_argument("--tune", action="store_true",
+                        help="time every pattern for real and keep the winners, then keep those only if the whole "
+                             "step gets faster with them (else fewer, or none)")
     parser.add_argument("--measure", action="store_true",
                         help="tune, then time the step under no XLA, auto-clustering, jit_compile and TAG's plan")
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode (default 10)")
@@ -39,6 +41,11 @@ def run(args) -> int:
     if args.json:
         print_json(data)
         return 0
+    check = plan.measured.get("step_check")
+    if check:
+        tried = ", ".join(f"{v['patterns']} patterns x{v['ratio']:.3f}" for v in check["variants"])
+        print(f"step check against the plain step ({check['plain_ms']:.1f} ms, {check['rounds']} rounds): {tried}; "
+              f"kept {check['kept_patterns']} patterns")
     print(f"{spec.name}: {len(plan.patterns)} patterns fuse {plan.ops_fused} ops; "
           f"kernels {plan.kernels_before} -> {plan.kernels_after} (planned); "
           f"estimated saving on {plan.reference_gpu}: {plan.saved_s * 1e3:.2f} ms/step")
