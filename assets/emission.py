@@ -24,7 +24,7 @@ from tag_core.emit import Emission, emit_folder
 from tag_core.errors import TagInputError
 from tag_core.models import resolve_model
 from tag_core.runtime import run_emitted
-from tag_core.topology import parse_topology
+from tag_core.snapshots import recorded_topology
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
@@ -66,14 +66,11 @@ def distributed_graph(context: AssetExecutionContext, duckdb: DuckDBResource, co
         spec = resolve_model(model_key)
         with open_store(duckdb) as conn:
             latest = store.latest_plan(conn, spec.name, topology_key)
-            snapshot = store.latest_topology_snapshot(conn, topology_key)
+            topology = recorded_topology(conn, topology_key)
             profiles = store.load_profiles(conn, spec.name)
         if latest is None:
             raise TagInputError("plan", f"no plan for {spec.name} on {topology_key}; materialize deployment_plan")
-        if snapshot is None:
-            raise TagInputError("topology", f"{topology_key!r} has no recorded snapshot")
         plan_id, plan = latest
-        topology = parse_topology(snapshot["snapshot"], source=topology_key)
         out = graph_folder(spec.name, topology_key)
         emission = emit_folder(spec, out, topology, plan=plan, device_kind=config.device_kind, force=True,
                                profiles=None if profiles.empty else profiles)

@@ -33,8 +33,8 @@ from tag_core.models import resolve_model
 from tag_core.plots import markdown_image
 from tag_core.planner import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
 from tag_core.report import plan_pictures
-from tag_core.snapshots import topology_directory
-from tag_core.topology import load_topology, parse_topology
+from tag_core.snapshots import recorded_topology, topology_directory
+from tag_core.topology import load_topology
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
@@ -151,12 +151,9 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
             profiles = store.load_profiles(conn, spec.name)
             profile_hash = store.profile_set_hash(conn, spec.name)
             stored_groups = store.load_op_groups(conn, spec.name)
-            snapshot = store.latest_topology_snapshot(conn, topology_key)
+            topology = recorded_topology(conn, topology_key)
             previous = store.latest_plan(conn, spec.name, topology_key) if config.warm_start else None
             fusion = store.load_fusion_plan(conn, spec.name, graph.content_hash())
-        if snapshot is None:
-            raise TagInputError("topology", f"{topology_key!r} has no recorded snapshot; materialize cluster_topology")
-        topology = parse_topology(snapshot["snapshot"], source=topology_key)
         groups = None
         if stored_groups is not None and stored_groups["graph_hash"] == graph.content_hash():
             groups = OpGroups.from_json(stored_groups["groups"])

@@ -73,3 +73,13 @@ def _scan_one(path: Path, root: Path, settle_s: float, now: float) -> SnapshotSc
 
 def file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def recorded_topology(conn, key: str) -> Topology:
+    """The latest snapshot recorded in the store for topology `key` (TagInputError when there is none)."""
+    from . import store
+
+    snapshot = store.latest_topology_snapshot(conn, key)
+    if snapshot is None:
+        raise TagInputError("topology", f"{key!r} has no recorded snapshot; materialize cluster_topology")
+    return parse_topology(snapshot["snapshot"], source=key)
