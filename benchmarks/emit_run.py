@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from tag_core.planner import make_groups  # noqa: E402
 from tag_core.runtime import run_emitted  # noqa: E402
 from tag_core.strategy import OPTIONS, Strategy  # noqa: E402
 from tag_core.topology import load_topology, parse_topology  # noqa: E402
+from results_md import write_section  # noqa: E402  (benchmarks/ is the script's folder)
 
 MODELS = {
     "mlp": ("mlp", 32),
@@ -183,18 +183,6 @@ def findings(rows: list[dict]) -> list[str]:
     return out
 
 
-def write_section(text: str) -> None:
-    """Replace this script's section of results.md (up to the next '## '), or append it."""
-    path = ROOT / "benchmarks" / "results.md"
-    current = path.read_text() if path.exists() else "# Benchmark results\n\nEach section is written by the benchmark script it names.\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    path.write_text(updated)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default=",".join(MODELS))
@@ -221,7 +209,7 @@ def main() -> int:
     cluster_rows = [r for r in previous["cluster_plans"] if (r["model"], r["topology"]) not in cluster_keys] + cluster_rows
     raw.write_text(json.dumps({"runs": rows, "cluster_plans": cluster_rows}, indent=1))
     if args.markdown:
-        write_section(markdown(rows, cluster_rows))
+        write_section(SECTION, markdown(rows, cluster_rows))
     return 0
 
 

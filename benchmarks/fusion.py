@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from tag_core.fusion_measure import MODES, measure_modes, measure_paired  # noqa
 from tag_core.fusion_tune import STEP_MARGIN, check_step, step_values, tune_plan  # noqa: E402
 from tag_core.graph import capture  # noqa: E402
 from tag_core.models import resolve_model  # noqa: E402
+from results_md import write_section  # noqa: E402  (benchmarks/ is the script's folder)
 
 # Reduced for a 2-core CPU; the widths are the published ones unless the name says otherwise.
 # model: (spec, batch, timed steps per run, paired rounds)
@@ -206,18 +206,6 @@ def findings(rows: list[dict]) -> list[str]:
     return out
 
 
-def write_section(text: str) -> None:
-    """Replace this script's section of results.md (up to the next '## '), or append it."""
-    path = ROOT / "benchmarks" / "results.md"
-    current = path.read_text()
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(current):
-        updated = pattern.sub(lambda _: text + "\n", current)
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text
-    path.write_text(updated)
-
-
 def main() -> int:
     import tensorflow as tf
 
@@ -235,7 +223,7 @@ def main() -> int:
             "tensorflow": tf.__version__, "repeats": args.repeats, "steps": args.steps, "warmup": args.warmup}
     if args.report:
         data = json.loads(OUT.read_text())
-        write_section(markdown(data["rows"], data["meta"]))
+        write_section(SECTION, markdown(data["rows"], data["meta"]))
         return 0
     previous = {r["model"]: r for r in json.loads(OUT.read_text())["rows"]} if OUT.exists() else {}
     for key in [m for m in args.models.split(",") if m in MODELS]:
@@ -245,7 +233,7 @@ def main() -> int:
         rows = [previous[k] for k in MODELS if k in previous]
         OUT.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     if args.markdown:
-        write_section(markdown(rows, meta))
+        write_section(SECTION, markdown(rows, meta))
     return 0
 
 
