@@ -262,3 +262,20 @@ def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
         check = checked.measured["step_check"]
         assert check["rounds"] >= 6 and check["kept_patterns"] == len(checked.patterns)
         assert checked.patterns == [] or min(v["ratio"] for v in check["variants"]) <= 1 - STEP_MARGIN
+
+
+@pytest.mark.timeout(600)
+def test_a_tuned_plan_from_tag_fuse_is_stored_for_plan_and_emit(tag_home, capsys):
+    from tag_core import store
+    from tag_core.cli import main
+
+    model = "mlp[features=12,hidden=16]"
+    assert main(["fuse", model, "--batch-size", "8", "--json"]) == 0  # untuned: printed, not stored
+    capsys.readouterr()
+    with store.connect(read_only=True) as conn:
+        assert store.load_fusion_plan(conn, model) is None
+    assert main(["fuse", model, "--batch-size", "8", "--tune", "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out)
+    with store.connect(read_only=True) as conn:
+        stored = store.load_fusion_plan(conn, model)
+    assert stored is not None and stored["patterns"] == tuned["patterns"]

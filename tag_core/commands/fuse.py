@@ -12,7 +12,7 @@ def register(subparsers) -> None:
     parser.add_argument("--gpu", default="V100-32GB", help="catalog GPU the plan is scored for (default V100-32GB)")
     parser.add_argument("--tune", action="store_true",
                         help="time every pattern for real and keep the winners, then keep those only if the whole "
-                             "step gets faster with them (else fewer, or none)")
+                             "step gets faster with them (else fewer, or none); the tuned plan is stored")
     parser.add_argument("--measure", action="store_true",
                         help="tune, then time the step under no XLA, auto-clustering, jit_compile and TAG's plan")
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode (default 10)")
@@ -38,6 +38,12 @@ def run(args) -> int:
     plan = fuse_model(spec, graph, step_file, gpu, tune=args.tune or args.measure, measure=args.measure,
                       steps=args.steps, progress=not args.json)
     data = plan.to_json()
+    if args.tune or args.measure:  # a tuned plan is what `tag plan --fusion` and `tag emit --fusion` should use
+        conn = open_store(args)
+        try:
+            store.save_fusion_plan(conn, spec.name, graph.content_hash(), data)
+        finally:
+            conn.close()
     if args.json:
         print_json(data)
         return 0
@@ -53,6 +59,8 @@ def run(args) -> int:
         print(f"  fusion_{k}: {len(pattern)} ops, {pattern[0]} .. {pattern[-1]}")
     if len(plan.patterns) > 10:
         print(f"  ... {len(plan.patterns) - 10} more (use --json)")
+    if args.tune or args.measure:
+        print("stored as this model's fusion plan (used by `tag plan --fusion` and `tag emit --fusion`)")
     if "step_ms" in plan.measured:
         print("median step time and kernels per step, measured here:")
         for mode, ms in plan.measured["step_ms"].items():
