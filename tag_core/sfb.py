@@ -106,11 +106,12 @@ class SfbResult:
 
 
 def find_subgraphs(sim: Simulator, strategy: Strategy, depth: int = DEFAULT_DEPTH,
-                   max_ops: int = DEFAULT_MAX_OPS) -> list[Subgraph]:
-    """One subgraph per gradient that `strategy` synchronises (replicated, on two or more devices)."""
-    p = place(sim, replace(strategy, sfb={}))
+                   max_ops: int = DEFAULT_MAX_OPS, placement=None) -> list[Subgraph]:
+    """One subgraph per gradient that `strategy` synchronises (replicated, on two or more devices).
+    `placement`: `place` of the strategy without SFB, when the caller has it."""
+    p = placement if placement is not None else place(sim, replace(strategy, sfb={}))
     preds, succs = sim.predecessors, sim.successors
-    dependent = _data_dependent(sim)
+    dependent = sim.data_dependent
     groups = strategy.op_groups
     out = []
     for var, gop in zip(sim.sync_vars.tolist(), sim.sync_grad_op.tolist()):
@@ -143,9 +144,10 @@ def find_subgraphs(sim: Simulator, strategy: Strategy, depth: int = DEFAULT_DEPT
 def decide(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
            depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS) -> list[Decision]:
     """The MILP's answer for every synchronised gradient of `strategy`."""
-    costs = _Costs(sim, strategy, place(sim, replace(strategy, sfb={})))
+    p = place(sim, replace(strategy, sfb={}))
+    costs = _Costs(sim, strategy, p)
     decisions = []
-    for sub in find_subgraphs(sim, strategy, depth, max_ops):
+    for sub in find_subgraphs(sim, strategy, depth, max_ops, placement=p):
         decisions.append(_solve(sim, sub, costs, time_limit_s))
     return decisions
 
@@ -324,13 +326,3 @@ def _cbc(time_limit_s: float):
 
 def _batch_preds(sim: Simulator, op: int) -> list[int]:
     return [int(sim.e_src[e]) for e in sim.in_edges[op] if sim.e_batch[e]]
-
-
-def _data_dependent(sim: Simulator) -> np.ndarray:
-    """Ops whose value depends on the batch (so a replica's value is its own): batch-scaled ops and
-    everything downstream of one. Variable reads and constants are the same on every replica."""
-    dependent = sim.batch_scaled.copy()
-    for i in sim.graph.topological_order():
-        if not dependent[i] and any(dependent[int(sim.e_src[e])] for e in sim.in_edges[i]):
-            dependent[i] = True
-    return dependent

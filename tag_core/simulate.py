@@ -187,6 +187,16 @@ class Simulator:
     def successors(self) -> list[list[int]]:
         return [self.e_dst[e].tolist() for e in self.out_edges]
 
+    @cached_property
+    def data_dependent(self) -> np.ndarray:
+        """Ops whose value depends on the batch (a replica's value is its own): batch-scaled ops and
+        everything downstream of one. Variable reads and constants are the same on every replica."""
+        dependent = self.batch_scaled.copy()
+        for i in self.order.tolist():  # topological
+            if not dependent[i] and any(dependent[j] for j in self.predecessors[i]):
+                dependent[i] = True
+        return dependent
+
     def sync_all_single(self, kind: np.ndarray) -> np.ndarray:
         """Per sync variable: are all consumers of its gradient single-device ops (a PS update)?"""
         from .simulate_expand import SINGLE
