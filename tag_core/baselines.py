@@ -74,12 +74,17 @@ def _one_device(sim: Simulator, device: int) -> Strategy:
 _BUILDERS = {"dp-nccl": dp_nccl, "dp-nccl-p": dp_nccl_p, "horovod": horovod, "single": single}
 
 
+def baseline_name(name: str, where: str = "strategy") -> str:
+    """`name` as one of BASELINES (case and _/- forgiven); TagInputError at `where` otherwise."""
+    key = name.lower().replace("_", "-")
+    if key not in _BUILDERS:
+        raise TagInputError(where, f"unknown baseline {name!r}; known: {', '.join(BASELINES)} (or a plan .json file)")
+    return key
+
+
 def baseline(name: str, sim: Simulator) -> Strategy:
     """The strategy of baseline `name` (one of BASELINES) for this simulator's graph and topology."""
-    builder = _BUILDERS.get(name.lower().replace("_", "-"))
-    if builder is None:
-        raise TagInputError("strategy", f"unknown baseline {name!r}; known: {', '.join(BASELINES)} (or a plan .json file)")
-    return builder(sim)
+    return _BUILDERS[baseline_name(name)](sim)
 
 
 def run_baselines(sim: Simulator, names: tuple[str, ...] = BASELINES) -> dict[str, tuple[Strategy, SimResult]]:

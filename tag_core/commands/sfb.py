@@ -22,8 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..baselines import BASELINES, baseline
-    from ..errors import TagInputError
+    from ..baselines import baseline, baseline_name
     from ..models import resolve_model
     from ..sfb import apply_sfb
     from ..simulate import Simulator
@@ -33,8 +32,8 @@ def run(args) -> int:
     topology = load_topology(args.topology)
     # Both are checked before the (slow) capture: bad input writes nothing.
     from_plan = read_strategy_file(args.plan, "--plan") if args.plan else None
-    if from_plan is None and args.strategy.lower().replace("_", "-") not in BASELINES:
-        raise TagInputError("--strategy", f"unknown baseline {args.strategy!r}; known: {', '.join(BASELINES)}")
+    if from_plan is None:
+        baseline_name(args.strategy, "--strategy")
     spec = resolve_model(args.model)
     graph, profiles = captured_with_profiles(args, spec)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
