@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from tag_core.captures import save_step  # noqa: E402
 from tag_core.fusion import plan_fusion  # noqa: E402
-from tag_core.fusion_measure import MODES, measure_modes, measure_paired  # noqa: E402
+from tag_core.fusion_measure import FUSIBLE_ONLY_FLAGS, MODES, measure_modes, measure_paired  # noqa: E402
 from tag_core.fusion_tune import STEP_MARGIN, check_step, step_values, tune_plan  # noqa: E402
 from tag_core.graph import capture  # noqa: E402
 from tag_core.models import resolve_model  # noqa: E402
@@ -97,6 +97,12 @@ def measure(key: str, repeats: int, steps: int | None, warmup: int, untuned: boo
                 print(f"  {key} run {r + 1}/{repeats} {mode}: {result['step_ms']:.1f} ms", file=sys.stderr, flush=True)
         row["paired"] = measure_paired(spec.name, batch, str(meta), str(files["tag"]), rounds=rounds, warmup=warmup)
         print(f"  {key} paired: {row['paired']['ratio_to_tf']}", file=sys.stderr, flush=True)
+        # Where XLA's gain comes from: auto-clustering confined to the op classes TAG may fuse.
+        row["paired_fusible_only"] = measure_paired(spec.name, batch, str(meta), str(files["tag"]), rounds=rounds,
+                                                    warmup=warmup, modes=("tf", "autocluster"),
+                                                    flags=FUSIBLE_ONLY_FLAGS)
+        print(f"  {key} paired, fusible ops only: {row['paired_fusible_only']['ratio_to_tf']}", file=sys.stderr,
+              flush=True)
     row["modes"] = {mode: summarise(results) for mode, results in runs.items()}
     row["load_after"] = load()
     row.update(ratios(row["modes"], row["paired"]))
@@ -136,7 +142,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"each run its own process timing the model's steps after {meta['warmup']} warm-up steps, modes "
              f"interleaved. Paired: the four modes in one process, a step of each in turn, median over rounds of "
              f"(mode's step / the `tf` step of the same round); load from other work on the machine moves these "
-             f"ratios far less than the per-process medians. Ratios are step-time ratios (below 1: TAG's plan is "
+             f"ratios far less than the per-process medians. `autocluster, fusible ops only`: auto-clustering with "
+             f"`--tf_xla_ops_to_cluster=FUSIBLE` too (XLA's elementwise, reduction and layout ops; no MatMul or "
+             f"Conv), paired with `tf` in a process of its own: XLA confined to the op classes TAG may fuse. Ratios are step-time ratios (below 1: TAG's plan is "
              f"faster). Kernels per step from TF's step stats (an XLA cluster counts once; `jit` lists none). "
              f"Load: 1-minute load average before / after the model; other agents' work shared the 2 cores. "
              f"Reproduce: `python benchmarks/fusion.py --markdown` (`--report` rewrites this from fusion.json).", "",
@@ -157,12 +165,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
             f"{row['load_before'][0]:.1f} / {row['load_after'][0]:.1f} |")
     lines += ["", "Paired step ratios to `tf` per mode, first step (XLA compilation included, ms) and peak RSS of each "
               "mode's process (MB):", "",
-              "| model | paired autocluster | paired jit | paired tag | first tf | first autocluster | first jit | "
-              "first tag | RSS tf | RSS autocluster | RSS jit | RSS tag |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| model | paired autocluster | paired autocluster, fusible ops only | paired jit | paired tag | "
+              "first tf | first autocluster | first jit | first tag | RSS tf | RSS autocluster | RSS jit | RSS tag |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         m, r = row["modes"], row["paired"]["ratio_to_tf"]
-        lines.append(f"| {row['model']} | {r['autocluster']:.3f} | {r['jit']:.3f} | {r['tag']:.3f} | " +
+        lines.append(f"| {row['model']} | {r['autocluster']:.3f} | {_fusible_only(row)} | {r['jit']:.3f} | "
+                     f"{r['tag']:.3f} | " +
                      " | ".join(f"{m[k]['first_step_ms']:.0f}" for k in MODES) + " | " +
                      " | ".join(f"{m[k]['peak_rss_mb']:.0f}" for k in MODES) + " |")
     if any("tag_untuned" in row["modes"] for row in rows):
@@ -176,6 +185,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
+def _fusible_only(row: dict) -> str:
+    ratio = row.get("paired_fusible_only", {}).get("ratio_to_tf", {}).get("autocluster")
+    return "–" if ratio is None else f"{ratio:.3f}"
+
+
 def findings(rows: list[dict]) -> list[str]:
     out = ["Goals, on the paired ratios (per-process medians move with the load):"]
     for row in rows:
@@ -184,7 +198,8 @@ def findings(rows: list[dict]) -> list[str]:
             verdict = "met" if ratio < 1 - STEP_MARGIN else "a tie within the noise" if ratio <= 1 + STEP_MARGIN \
                 else "not met"
             out.append(f"- TAG's plan at least as fast as the best XLA mode on {row['model']}: {verdict} "
-                       f"({ratio:.3f} × {row['paired_best_xla_mode']}).")
+                       f"({ratio:.3f} × {row['paired_best_xla_mode']}); XLA auto-clustering confined to fusible "
+                       f"ops (no MatMul): {_fusible_only(row)} × tf, TAG {row['paired_tag_over_tf']:.3f} × tf.")
     worst = max(rows, key=lambda r: r["paired_tag_over_tf"])
     out.append(f"- Never slower than no XLA: worst paired tag / tf {worst['paired_tag_over_tf']:.3f} "
                f"({worst['model']}); the step check's margin is {STEP_MARGIN:.0%}, about the noise of these ratios "

@@ -47,16 +47,23 @@ def measure_modes(model: str, batch_size: int, step_file: str, plan_file: str | 
 
 
 PAIRED_FLAGS = "--tf_xla_cpu_global_jit"
+# Auto-clustering limited to what XLA calls fusible ops (elementwise, reductions, layout...; no MatMul or
+# Conv): XLA confined to the op classes TAG's planner may fuse, to tell apart where an XLA mode's gain comes from.
+FUSIBLE_ONLY_FLAGS = PAIRED_FLAGS + " --tf_xla_ops_to_cluster=FUSIBLE"
 # A pause before each timed step: thread pools spin for a while after a step, and would slow whichever ran next.
 GAP_S = 0.02
 
 
 def measure_paired(model: str, batch_size: int, step_file: str, plan_file: str, rounds: int = 10, warmup: int = 2,
-                   timeout_s: float = 3600) -> dict:
-    """{"ratio_to_tf": {mode: median paired ratio}, "step_ms": {mode: median}, "rounds": n}, from one process."""
-    env = dict(os.environ, TF_XLA_FLAGS=PAIRED_FLAGS)
-    command = [sys.executable, "-m", "tag_core.fusion_measure", "paired", model, str(batch_size), step_file,
-               plan_file, str(rounds), str(warmup)]
+                   timeout_s: float = 3600, modes=MODES, flags: str = PAIRED_FLAGS) -> dict:
+    """{"ratio_to_tf": {mode: median paired ratio}, "step_ms": {mode: median}, "rounds": n}, from one process.
+
+    `modes` must include `tf`; `flags` is the process's TF_XLA_FLAGS (read once, so it holds for every mode)."""
+    if "tf" not in modes:
+        raise ValueError("paired modes must include tf: ratios are to its step")
+    env = dict(os.environ, TF_XLA_FLAGS=flags)
+    command = [sys.executable, "-m", "tag_core.fusion_measure", "paired:" + ",".join(modes), model, str(batch_size),
+               step_file, plan_file, str(rounds), str(warmup)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {model} paired failed:\n{done.stderr[-2000:]}")
@@ -104,14 +111,14 @@ def _session_step(mode: str, spec, step_file: str, plan_file: str, steps: int, w
     return _result(first, times, count_kernels(traced()))
 
 
-def _paired(spec, step_file: str, plan_file: str, rounds: int, warmup: int) -> dict:
+def _paired(spec, step_file: str, plan_file: str, rounds: int, warmup: int, modes=MODES) -> dict:
     import numpy as np
 
     from .captures import load_step
 
     step = load_step(step_file)
     runners, kernels = {}, {}
-    for mode in MODES:
+    for mode in modes:
         if mode == "jit":
             runners[mode] = _jit_runner(spec, step.batch_size)
             continue
@@ -123,10 +130,10 @@ def _paired(spec, step_file: str, plan_file: str, rounds: int, warmup: int) -> d
     for run in runners.values():
         for _ in range(warmup):
             run()
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     rng = np.random.default_rng(0)
     for _ in range(rounds):
-        for mode in rng.permutation(MODES):  # no mode always runs after the same one
+        for mode in rng.permutation(modes):  # no mode always runs after the same one
             time.sleep(GAP_S)
             start = time.perf_counter()
             runners[mode]()
@@ -217,8 +224,9 @@ def _main(argv: list[str]) -> int:
     spec = resolve_model(model, int(batch))
     if mode == "jit":
         result = _jit_step(spec, int(batch), int(steps), int(warmup))
-    elif mode == "paired":
-        result = _paired(spec, step_file, plan_file, int(steps), int(warmup))
+    elif mode.startswith("paired"):
+        modes = mode.partition(":")[2].split(",") if ":" in mode else MODES
+        result = _paired(spec, step_file, plan_file, int(steps), int(warmup), tuple(modes))
     else:
         result = _session_step(mode, spec, step_file, plan_file, int(steps), int(warmup))
     print(json.dumps(result))

@@ -279,3 +279,25 @@ def test_a_tuned_plan_from_tag_fuse_is_stored_for_plan_and_emit(tag_home, capsys
     with store.connect(read_only=True) as conn:
         stored = store.load_fusion_plan(conn, model)
     assert stored is not None and stored["patterns"] == tuned["patterns"]
+
+
+@pytest.mark.slow
+def test_paired_measurement_with_auto_clustering_confined_to_fusible_ops(tmp_path):
+    from tag_core.captures import save_step
+    from tag_core.fusion_measure import FUSIBLE_ONLY_FLAGS, PAIRED_FLAGS, measure_paired
+
+    spec = resolve_model("mlp[features=16,hidden=16]", batch_size=4)
+    captured = capture(spec)
+    _, step_file = save_step(captured.step, tmp_path)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan_fusion(captured.graph, captured.step.graph_def).to_json()))
+    runs = {flags: measure_paired(spec.name, 4, str(step_file), str(plan_file), rounds=2, warmup=1,
+                                  modes=("tf", "autocluster"), flags=flags)
+            for flags in (PAIRED_FLAGS, FUSIBLE_ONLY_FLAGS)}
+    for result in runs.values():
+        assert set(result["ratio_to_tf"]) == {"tf", "autocluster"} and result["ratio_to_tf"]["tf"] == 1.0
+    whole, confined = (runs[f]["kernels"]["autocluster"] for f in (PAIRED_FLAGS, FUSIBLE_ONLY_FLAGS))
+    # Confined, the MatMuls stay outside the clusters: more kernels than whole-graph auto-clustering.
+    assert whole < confined < runs[PAIRED_FLAGS]["kernels"]["tf"]
+    with pytest.raises(ValueError, match="include tf"):
+        measure_paired(spec.name, 4, str(step_file), str(plan_file), modes=("autocluster",))
