@@ -8,7 +8,11 @@ vertex first: a variable must live with the ops that write it.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,8 +127,23 @@ def _metis(graph, vertex, vertices, vertex_time, num_groups, seed, pymetis) -> n
     vweights = np.maximum(1, np.round(softened * scale)).astype(np.int64)
     options = pymetis.Options(seed=seed, ufactor=DEFAULT_UFACTOR)
     adjacency = pymetis.CSRAdjacency(starts.tolist(), cols.tolist())
-    _, parts = pymetis.part_graph(
-        num_groups, adjacency=adjacency, vweights=vweights.tolist(), eweights=eweights.tolist(), options=options,
-        recursive=True,
-    )
+    with _c_stdout_to_stderr():
+        _, parts = pymetis.part_graph(
+            num_groups, adjacency=adjacency, vweights=vweights.tolist(), eweights=eweights.tolist(), options=options,
+            recursive=True,
+        )
     return np.asarray(parts, dtype=np.int64)
+
+
+@contextmanager
+def _c_stdout_to_stderr():
+    """METIS printf()s its warnings ("too many parts") to stdout, where `tag plan --json` writes JSON."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers a pipe: flush before fd 1 points back at stdout
+        os.dup2(saved, 1)
+        os.close(saved)
