@@ -209,7 +209,7 @@ def inference_ms(checkpoint: str, repeats: int = 30) -> list[dict]:
             feat, net = [], []
             for depth in range(repeats):
                 clock = time.perf_counter()
-                sample = pf.sample(actions, depth % pf.G, depth % pf.G, result)
+                sample = pf.sample(actions, np.arange(depth % pf.G), depth % pf.G, result)
                 mid = time.perf_counter()
                 prior.probabilities([sample])
                 feat.append(mid - clock)

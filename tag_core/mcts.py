@@ -1,7 +1,10 @@
 """MCTS over per-group (placement mask, option) decisions, scored by the simulator.
 
-The tree decides the op groups one at a time, largest compute first (the order
-`grouping.group_ops` returns): depth d chooses the action of group d. There are no
+The tree decides the op groups one at a time in `decision_order`: largest share of the
+step's compute plus share of the synchronised gradient bytes first, so depth d chooses
+the action of group `order[d]`. (The TAG authors decide by compute alone; a group with
+little compute but a large gradient, such as a classifier's weights, then comes at a
+depth a budget of a few hundred iterations never reaches.) There are no
 random rollouts: a new node is scored by simulating its strategy with every
 undecided group on a default action — the action of group 0 (so the root's children
 are the uniform plans), or model-parallel on every machine while the search is in
@@ -57,6 +60,7 @@ class SearchState:
     depth: int
     group: int  # the group this node decides (groups are decided in `Mcts.order`)
     decided: tuple[int, ...]  # actions of the groups decided so far, in decision order
+    decided_groups: tuple[int, ...]  # those groups
     actions: np.ndarray  # the node's full action vector per group, as scored (undecided on the default)
     evaluator: Evaluator
 
@@ -143,17 +147,29 @@ class MctsConfig:
     c_scale: float = 1.0  # multiplies c = sqrt(actions/10)
 
 
+def decision_order(evaluator: Evaluator) -> np.ndarray:
+    """Group indices, the group with the largest share of compute plus share of synchronised
+    gradient bytes first (see the module docstring); ties keep index order (compute first)."""
+    sim, groups = evaluator.sim, evaluator.groups
+    G = groups.num_groups
+    compute = np.bincount(groups.assignment, weights=sim.ref_time, minlength=G)
+    per_op = np.zeros(sim.n)
+    np.add.at(per_op, sim.sync_grad_op, sim.sync_bytes)
+    synced = np.bincount(groups.assignment, weights=per_op, minlength=G)
+    share = compute / max(compute.sum(), 1e-30) + synced / max(synced.sum(), 1e-30)
+    return np.argsort(-share, kind="stable")
+
+
 class Mcts:
-    """The search. `order` is the order groups are decided in (default: group index, i.e.
-    largest compute first, as the TAG authors do); a different order lets a caller decide
-    other groups first without renumbering them."""
+    """The search. `order` is the order groups are decided in (default: `decision_order`);
+    another order lets a caller decide other groups first without renumbering them."""
 
     def __init__(self, evaluator: Evaluator, baseline_s: float, dp_time_s: float, seed: int = 0,
                  prior: Prior | None = None, config: MctsConfig | None = None, order: np.ndarray | None = None):
         self.ev, self.baseline, self.prior_fn = evaluator, baseline_s, prior
         self.cfg = config or MctsConfig()
         self.G, self.K = evaluator.groups.num_groups, evaluator.space.size
-        self.order = np.arange(self.G) if order is None else np.asarray(order, dtype=np.int64)
+        self.order = decision_order(evaluator) if order is None else np.asarray(order, dtype=np.int64)
         if sorted(self.order.tolist()) != list(range(self.G)):
             raise ValueError("order must be a permutation of the group indices")
         self.rng = np.random.default_rng(seed)
@@ -175,7 +191,8 @@ class Mcts:
             p = np.full(self.K, 1.0 / self.K)
         else:
             group = int(self.order[len(path)]) if len(path) < self.G else -1
-            state = SearchState(len(path), group, tuple(path), self._fill(path), self.ev)
+            state = SearchState(len(path), group, tuple(path), tuple(self.order[: len(path)].tolist()),
+                                self._fill(path), self.ev)
             p = check_prior(self.prior_fn(state), self.K)
         node.prior, node.visits, node.total = p, np.zeros(self.K), np.zeros(self.K)
 

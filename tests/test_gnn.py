@@ -33,7 +33,7 @@ def _net(seed: int = 0) -> PolicyNet:
 def _root_sample(p):
     pf = ProblemFeatures(p.evaluator)
     actions = np.full(pf.G, p.evaluator.space.all_machines)
-    return pf, pf.sample(actions, 0, 0, p.evaluator.result(actions))
+    return pf, pf.sample(actions, [], 0, p.evaluator.result(actions))
 
 
 # ---- featurizer ------------------------------------------------------------------------
@@ -65,13 +65,16 @@ def test_state_changes_show_up_in_the_features():
     single = space.index(space.masks[space.mask_names.index("a")], "duplicate")
     actions = np.full(pf.G, space.all_machines)
     actions[0] = single
-    s = pf.sample(actions, 1, 1, p.evaluator.result(actions))
+    s = pf.sample(actions, [0], 1, p.evaluator.result(actions))
     col = {n: i for i, n in enumerate(OP_FEATURES)}
     assert s.op_x[0, col["decided"]] == 1 and s.op_x[1, col["deciding"]] == 1
     assert s.op_x[0, col["option_duplicate"]] == 1 and s.op_x[0, col["option_allreduce"]] == 0
     og, om = s.edges["runs_on"]
     placed = s.edge_x["runs_on"][:, -1]
     assert placed[(og == 0) & (om == 0)].tolist() == [1.0] and placed[(og == 0) & (om != 0)].tolist() == [0.0, 0.0]
+    # Decided groups need not be a prefix: the tree decides in its own order.
+    later = pf.sample(actions, [2, 0], 1, p.evaluator.result(actions))
+    assert later.op_x[:, col["decided"]].nonzero()[0].tolist() == [0, 2]
 
 
 def test_features_do_not_depend_on_absolute_speed():

@@ -9,9 +9,9 @@ import pytest
 from simgraphs import profiles, topology, train_graph
 from tag_core.baselines import device_speed
 from tag_core.gpu_catalog import GpuType
-from tag_core.grouping import group_ops
+from tag_core.grouping import OpGroups, group_ops
 from tag_core.mcmc import mcmc_search
-from tag_core.mcts import ActionSpace, Budget, Evaluator, Mcts, SearchState, check_prior, reward
+from tag_core.mcts import ActionSpace, Budget, Evaluator, Mcts, SearchState, check_prior, decision_order, reward
 from tag_core.simulate import Simulator
 from tag_core.strategy import OPTIONS
 from tag_core.topology import load_topology
@@ -112,6 +112,30 @@ def test_prior_hook_sees_the_state_and_steers_the_root():
     assert seen[-1].sim_result().iteration_time_s > 0
     visits = mcts.visit_counts()
     assert visits.argmax() == favourite and visits.sum() == 30
+
+
+def test_a_light_group_with_the_gradients_is_decided_early():
+    """The weight gradients take little compute but carry every synchronised byte: the tree decides
+    them before a group with more compute and no gradient, and the prior hook is told so."""
+    sim, _, space, _ = _setup(layers=3)
+    kind = np.array([0 if op.type == "MatMul" and op.batch_scaled else 2 if op.name.startswith("gw") else 1
+                     for op in sim.graph.ops])
+    time_us = np.bincount(kind, weights=sim.ref_time * 1e6)
+    assert time_us[0] > time_us[1] > time_us[2]  # index order is compute order
+    groups = OpGroups(assignment=kind, group_time_us=time_us, seed=0)
+    speed = device_speed(sim)
+    ev = Evaluator(sim, groups, space, speed / speed.sum(), speed=speed)
+    assert decision_order(ev).tolist() == [2, 0, 1]
+    seen: list[SearchState] = []
+
+    def prior(state: SearchState) -> np.ndarray:
+        seen.append(state)
+        return np.ones(space.size)
+
+    dp = ev.score(np.full(3, space.all_machines)).time_s
+    Mcts(ev, dp, dp, prior=prior).run(Budget(iterations=2 * space.size))
+    assert seen[0].group == 2 and seen[0].decided_groups == ()
+    assert {(s.group, s.decided_groups) for s in seen if s.depth == 1} == {(0, (2,))}
 
 
 def test_bad_prior_output_is_refused():

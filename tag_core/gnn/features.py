@@ -207,9 +207,11 @@ class ProblemFeatures:
 
     # ---- one state -------------------------------------------------------------
 
-    def sample(self, actions: np.ndarray, depth: int, deciding: int, result: SimResult) -> GraphSample:
-        """The graph of a search state: `actions` per group as scored, groups [0, depth) decided."""
+    def sample(self, actions: np.ndarray, decided_groups, deciding: int, result: SimResult) -> GraphSample:
+        """The graph of a search state: `actions` per group as scored, `decided_groups` decided."""
         actions = np.asarray(actions, dtype=np.int64)
+        decided_groups = np.asarray(decided_groups, dtype=np.int64)
+        depth = len(decided_groups)
         if self.evaluator.space.size != self.space_size:
             raise ValueError("the action space grew after the features were built")
         G, M = self.G, self.M
@@ -219,7 +221,8 @@ class ProblemFeatures:
         T = max(float(result.iteration_time_s), 1e-12)
         glob = np.concatenate([[np.clip(_log_ratio(T, self.default_time_s), -3, 3), float(result.oom),
                                 depth / max(G, 1)], self.globals_static])
-        decided = (np.arange(G) < depth).astype(float)  # groups are decided in index order
+        decided = np.zeros(G)
+        decided[decided_groups] = 1.0
         deciding_flag = (np.arange(G) == deciding).astype(float)
         op_dyn = np.concatenate([
             np.eye(k)[option], self.mask_devices[mask_idx][:, None], self.mask_speed[mask_idx][:, None],

@@ -57,7 +57,7 @@ class GnnPrior:
         return pf
 
     def sample(self, state):
-        return self.features(state.evaluator).sample(state.actions, state.depth, state.group, state.sim_result())
+        return self.features(state.evaluator).sample(state.actions, state.decided_groups, state.group, state.sim_result())
 
     def probabilities(self, samples: list) -> list[np.ndarray]:
         """The network's own distribution (no floor) for each sample."""
