@@ -127,7 +127,7 @@ def _metis(graph, vertex, vertices, vertex_time, num_groups, seed, pymetis) -> n
     vweights = np.maximum(1, np.round(softened * scale)).astype(np.int64)
     options = pymetis.Options(seed=seed, ufactor=DEFAULT_UFACTOR)
     adjacency = pymetis.CSRAdjacency(starts.tolist(), cols.tolist())
-    with _c_stdout_to_stderr():
+    with _quiet_metis():
         _, parts = pymetis.part_graph(
             num_groups, adjacency=adjacency, vweights=vweights.tolist(), eweights=eweights.tolist(), options=options,
             recursive=True,
@@ -136,14 +136,16 @@ def _metis(graph, vertex, vertices, vertex_time, num_groups, seed, pymetis) -> n
 
 
 @contextmanager
-def _c_stdout_to_stderr():
-    """METIS printf()s its warnings ("too many parts") to stdout, where `tag plan --json` writes JSON."""
+def _quiet_metis():
+    """METIS printf()s notes such as "too many parts" (it then leaves parts empty, which group_ops
+    drops) to stdout, where `tag plan --json` writes JSON: send them to /dev/null. Errors still raise."""
     sys.stdout.flush()
-    saved = os.dup(1)
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(null, 1)
         yield
     finally:
         ctypes.CDLL(None).fflush(None)  # C stdio buffers a pipe: flush before fd 1 points back at stdout
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(null)
