@@ -47,14 +47,6 @@ CAP = 200
 OUT = HERE / "generalization.json"
 
 
-def quiet_native_stdout():
-    """METIS prints to the C stdout on tiny splits; keep it out of the report (Python's stdout stays)."""
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    sys.stdout = os.fdopen(saved, "w", buffering=1)
-
-
 def load_sources(models: list[str]) -> dict:
     from tag_core import store
     from tag_core.gnn.problems import ModelSource
@@ -249,7 +241,6 @@ def main() -> None:
     parser.add_argument("--workdir", default=str(ROOT / ".tag-bench" / "gnn" / "loo"))
     parser.add_argument("--note", default="")
     args = parser.parse_args()
-    quiet_native_stdout()
     data = json.loads(OUT.read_text()) if OUT.exists() else {}
     clock = time.perf_counter()
     if args.part == "topologies":
