@@ -265,11 +265,16 @@ def main() -> None:
             figure_topologies(data["topologies"], HERE / "generalization_topologies.png")
         if "models" in data:
             figure_models(data["models"], HERE / "generalization_models.png")
+    if args.part != "report":  # parts may run at once: merge this one into what is on disk now
+        latest = json.loads(OUT.read_text()) if OUT.exists() else {}
+        latest[args.part] = data[args.part]
+        latest.setdefault("peak_rss_mib", {})[args.part] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        data = latest
     if args.note:
         data.setdefault("notes", {})[args.part] = args.note
-    if args.part != "report":
-        data.setdefault("peak_rss_mib", {})[args.part] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    OUT.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp = OUT.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(OUT)
     write_markdown(data, HERE / "generalization.md")
     print(f"wrote {OUT} and {HERE / 'generalization.md'}")
 
