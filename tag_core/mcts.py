@@ -6,8 +6,8 @@ the action of group `order[d]`. (The TAG authors decide by compute alone; a grou
 little compute but a large gradient, such as a classifier's weights, then comes at a
 depth a budget of a few hundred iterations never reaches.) There are no
 random rollouts: a new node is scored by simulating its strategy with every
-undecided group on a default action — the action of group 0 (so the root's children
-are the uniform plans), or model-parallel on every machine while the search is in
+undecided group on a default action — the action chosen at the root (so the root's
+children are the uniform plans), or model-parallel on every machine while the search is in
 out-of-memory mode (see `MctsConfig.default`).
 
 Action space (`ActionSpace`): placement masks over machines × the four OPTIONS.
@@ -143,7 +143,7 @@ class _Node:
 
 @dataclass
 class MctsConfig:
-    default: int = -1  # action of undecided groups; -1: group 0's action
+    default: int = -1  # action of undecided groups; -1: the root's choice
     c_scale: float = 1.0  # multiplies c = sqrt(actions/10)
 
 
