@@ -204,6 +204,11 @@ def findings(rows: list[dict]) -> list[str]:
     out.append(f"- Never slower than no XLA: worst paired tag / tf {worst['paired_tag_over_tf']:.3f} "
                f"({worst['model']}); the step check's margin is {STEP_MARGIN:.0%}, about the noise of these ratios "
                f"here.")
+    for row in rows:
+        confined = row.get("paired_fusible_only", {}).get("ratio_to_tf", {}).get("autocluster")
+        if confined is not None and confined < row["paired_tag_over_tf"] - STEP_MARGIN:
+            out.append(f"- XLA's own clustering of the op classes TAG may fuse beats TAG's plan on {row['model']}: "
+                       f"{confined:.3f} × tf against {row['paired_tag_over_tf']:.3f}.")
     out += ["", "Per model:"]
     for row in rows:
         m = row["modes"]
