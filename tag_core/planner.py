@@ -13,7 +13,10 @@ Steps:
    groups default to the first plan that fits of model-parallel on every machine, then
    each mask of the space replicated or model-parallel. If none fits, the model fits no
    device set: TagInputError with the memory needed against the cluster's.
-4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given).
+4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given). With a
+   prior, the best uniform plan (one action for every group) is an incumbent too: a confident
+   prior narrows the root and can pass over the uniform plan that wins (PS everywhere, one
+   machine), which uniform priors try in their first sweep; one simulation per action.
 5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
 6. Sufficient Factor Broadcasting (sfb.py): a MILP per synchronised gradient, kept where the
    simulated step gets faster, on MCTS's plan and on the replicate-everything default under
@@ -202,6 +205,10 @@ def plan(
     cfg = MctsConfig(default=-1 if default == space.all_machines else default)
     search = Mcts(ev, baseline_s, dp.iteration_time_s, seed=seed, prior=prior, config=cfg)
     search.seed_path(np.full(groups.num_groups, default))  # the default plan is the first incumbent
+    if prior is not None:
+        uniform = _best_uniform_plan(ev, groups.num_groups)
+        if uniform[0] != default:
+            search.seed_path(uniform)
     if warm is not None:
         search.seed_path(warm)
     with _progress(f"plan {graph.model}", budget, show_progress) as bar:
@@ -269,6 +276,11 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
             return ev, spent, action, {"batch_shares": "speed", "fusion_bytes": 0, "overlap": True,
                                        "out_of_memory_mode": True}
     _does_not_fit(sim, ev.result(np.full(G, mp_all)))
+
+
+def _best_uniform_plan(ev: Evaluator, num_groups: int) -> np.ndarray:
+    plans = [np.full(num_groups, a) for a in range(ev.space.size)]
+    return min(plans, key=lambda actions: (ev.score(actions).oom, ev.score(actions).time_s))
 
 
 def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray):

@@ -250,3 +250,27 @@ def test_tag_plan_input_errors_exit_2(planned, capsys, tmp_path):
         assert main(["--db", str(db), "plan", MODEL, *args]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tag: error:") and expected in err[0], (args, err)
+
+
+def test_a_misleading_prior_still_gets_the_best_uniform_plan():
+    """A prior sure of the worst action: the search under it still starts from the best plan that puts
+    every group on one action, and pays one simulation per action for it."""
+    g = train_graph(layers=6)
+    prof = profiles(g, "cpu", per_sample_us=100.0, constant_us=20.0)
+    topo = _mixed()
+    uniform_times = {}
+
+    def misleading(state):
+        space = state.evaluator.space
+        if not uniform_times:
+            uniform_times.update({a: state.evaluator.score(np.full(len(state.actions), a)) for a in range(space.size)})
+        worst = max(uniform_times, key=lambda a: (uniform_times[a].oom, uniform_times[a].time_s))
+        p = np.full(space.size, 1e-9)
+        p[worst] = 1.0
+        return p
+
+    budget = Budget(iterations=5)
+    guided = plan(g, topo, prof, num_groups=6, budget=budget, prior=misleading, sfb=False)
+    best_uniform = min(s.time_s for s in uniform_times.values() if not s.oom)
+    assert guided.tag.time_s <= best_uniform + 1e-12
+    assert guided.tag.simulations >= len(uniform_times)
