@@ -288,9 +288,13 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
                 intra_gbps=_number(m["intra_gbps"], f"{where}.intra_gbps"),
             )
         )
-    inter = _number(obj["inter_gbps"], "inter_gbps")
     raw_links = obj.get("links", [])
     _require(isinstance(raw_links, list), "links", f"must be a list, got {_describe(raw_links)}")
+    if isinstance(obj["inter_gbps"], list):
+        _require(not raw_links, "links", "cannot be combined with a per-pair inter_gbps matrix")
+        inter, pair_links = _inter_matrix(obj["inter_gbps"], machines)
+        return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=pair_links)
+    inter = _number(obj["inter_gbps"], "inter_gbps")
     # Links name machines case-insensitively; store the spelling used in `machines`.
     spelled = {m.name.lower(): m.name for m in machines}
     links = []
@@ -304,6 +308,27 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
             ends.append(spelled[label.lower()])
         links.append((ends[0], ends[1], _number(link["gbps"], f"{where}.gbps")))
     return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=tuple(links))
+
+
+def _inter_matrix(rows: Any, machines: list[Machine]) -> tuple[float, tuple[tuple[str, str, float], ...]]:
+    """A per-pair matrix (one row per machine, symmetric, diagonal ignored) as inter_gbps plus links:
+    its most common off-diagonal figure becomes inter_gbps, and every other pair a link."""
+    n = len(machines)
+    _require(len(rows) == n and all(isinstance(r, list) and len(r) == n for r in rows), "inter_gbps",
+             f"a per-pair matrix must be {n}x{n}, one row and one column per machine")
+    if n == 1:
+        return 1.0, ()  # one machine: no inter-machine traffic; any positive figure stands in
+    pairs = {}
+    for i in range(n):
+        for j in range(i + 1, n):
+            gbps = _number(rows[i][j], f"inter_gbps[{i}][{j}]")
+            _require(_positive_number(rows[j][i]) and float(rows[j][i]) == gbps, f"inter_gbps[{j}][{i}]",
+                     f"must equal inter_gbps[{i}][{j}] ({gbps:g}): a link has one bandwidth, got {_describe(rows[j][i])}")
+            pairs[(i, j)] = gbps
+    figures = sorted(pairs.values())
+    inter = max(figures, key=figures.count)  # ties: the smallest of the most common
+    links = tuple((machines[i].name, machines[j].name, g) for (i, j), g in pairs.items() if g != inter)
+    return inter, links
 
 
 def _reject_constant(token: str) -> float:

@@ -167,6 +167,16 @@ def test_round_trip_and_hash():
     assert parse_topology(example(inter_gbps=100.0)).content_hash() == h  # 100 and 100.0 are the same figure
 
 
+def test_inter_gbps_as_a_per_pair_matrix():
+    """One row per machine; the diagonal is ignored (intra_gbps holds there)."""
+    matrix = [[0, 50, 100], [50, 0, 100], [100, 100, 0]]
+    topo = parse_topology(example(inter_gbps=matrix, links=[]))
+    assert topo == parse_topology(ISSUE_EXAMPLE)  # the same cluster as inter_gbps 100 with one link at 50
+    np.testing.assert_array_equal(topo.machine_bandwidth_matrix(), [[150, 50, 100], [50, 64, 100], [100, 100, 80]])
+    single = parse_topology(example(machines=ISSUE_EXAMPLE["machines"][:1], inter_gbps=[[0]], links=[]))
+    assert single.num_devices == 4 and single.links == ()
+
+
 def test_programmatic_construction_is_validated():
     v100 = CATALOG["V100-16GB"]
     Topology("ok", (Machine("a", v100, 2, 100.0),), 10.0)
@@ -237,6 +247,12 @@ BAD = {
     "unknown top-level key": (example(machine=[]), "machine", "unknown key"),
     "unknown machine key": (_machine(0, gpus=4), "machines[0].gpus", "unknown key"),
     "unknown link key": (_with_link(bandwidth=3), "links[0].bandwidth", "unknown key"),
+    "matrix and links": (example(inter_gbps=[[0, 50, 100], [50, 0, 100], [100, 100, 0]]), "links", "cannot be combined"),
+    "matrix too small": (example(inter_gbps=[[0, 50], [50, 0]], links=[]), "inter_gbps", "3x3"),
+    "matrix ragged": (example(inter_gbps=[[0, 50, 1], [50, 0], [1, 1, 0]], links=[]), "inter_gbps", "3x3"),
+    "matrix not symmetric": (example(inter_gbps=[[0, 50, 100], [40, 0, 100], [100, 100, 0]], links=[]), "inter_gbps[1][0]", "must equal inter_gbps[0][1] (50)"),
+    "matrix zero entry": (example(inter_gbps=[[0, 0, 100], [0, 0, 100], [100, 100, 0]], links=[]), "inter_gbps[0][1]", "positive"),
+    "matrix string entry": (example(inter_gbps=[[0, 50, "x"], [50, 0, 100], ["x", 100, 0]], links=[]), "inter_gbps[0][2]", "positive"),
 }
 
 
