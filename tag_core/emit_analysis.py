@@ -36,6 +36,9 @@ class TensorFacts:
     per_sample: int = 0  # entries on the batch axis per sample (BATCH)
 
 
+def is_random_op(op_type: str) -> bool:
+    """A random draw (dropout masks, noise layers), stateful or stateless."""
+    return "Random" in op_type or "Multinomial" in op_type or op_type in ("TruncatedNormal", "StatelessTruncatedNormalV2")
 
 
 class StepAnalysis:
@@ -59,8 +62,7 @@ class StepAnalysis:
         self.writers = {n for n in self.resources if self.base[n].op.startswith(WRITE_PREFIXES)}
         # Random draws: every copy draws the whole batch from the same seed and keeps its rows, so
         # replicas see exactly the single-device step's numbers (dropout masks).
-        self.random = {n for n in kept if "Random" in self.base[n].op or "Multinomial" in self.base[n].op
-                       or self.base[n].op in ("TruncatedNormal", "StatelessTruncatedNormalV2")}
+        self.random = {n for n in kept if is_random_op(self.base[n].op)}
         self.seed = self._find_seed()
         self.variant, self.seeded = self._flags()
 

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .emit_analysis import is_random_op
+from .trace import INIT_SCOPE
+
 TOLERANCE = 1e-4
 NOISE_GRADIENT = 1e-6
 NOISE_RELATIVE = 1e-5
@@ -49,6 +52,27 @@ class _Step:
                                                     dtype=tf.as_dtype(v.dtype)) for v in self.step_def.variables]
         self.session = tf.compat.v1.Session(graph=self.graph, config=_config(1))
         self.with_gradient = [v for v in self.step_def.variables if v.gradient]
+        # Random draws of the step (dropout masks), in graph order: a step traced at another batch size
+        # has the same ones in the same order.
+        self.random = [n.name + ":0" for n in self.step_def.graph_def.node
+                       if is_random_op(n.op) and not n.name.startswith(INIT_SCOPE + "/")]
+        self._random_shapes: list[tuple[int, ...]] | None = None
+
+    def random_feed(self, draws: list[np.ndarray], rows_of, feed: dict) -> dict:
+        """This step's random draws taken from the full batch's `draws`, as every emitted copy takes
+        them (the whole batch drawn from one seed, its rows kept): a draw of the same shape as a whole,
+        one over this step's rows as `rows_of(draw)`."""
+        if len(draws) != len(self.random):
+            return {}
+        if self._random_shapes is None:
+            self._random_shapes = [np.shape(v) for v in self.session.run(self.random, feed_dict=feed)]
+        out = {}
+        for name, shape, draw in zip(self.random, self._random_shapes, draws):
+            if shape == draw.shape:
+                out[name] = draw
+            elif shape[1:] == draw.shape[1:] and rows_of(draw).shape == shape:
+                out[name] = rows_of(draw)
+        return out
 
     def initialise(self, values: list[np.ndarray]) -> None:
         self.session.run(self.step_def.init_op,
@@ -66,7 +90,9 @@ class Reference:
 
     With batch statistics computed per replica (batch norm in a split placement), the equivalent
     reference runs the step on each replica's rows, combines the losses, gradients and recorded
-    statistics weighted by the replicas' batch shares, and applies the update once with them.
+    statistics weighted by the replicas' batch shares, and applies the update once with them. Steps run
+    on part of the batch take their random draws (dropout masks) from the full batch's, as the emitted
+    copies do.
     """
 
     def __init__(self, folder: Path, meta: dict):
@@ -96,14 +122,19 @@ class Reference:
         main = self.main
         other = None
         self.noise = {}  # per step: every step starts from the same values
+        values = main.variables()
         if not self.rows:
+            loss, _, gradients, draws = main.session.run(
+                [main.step_def.loss_tensor, main.step_def.train_ops, [v.gradient for v in main.with_gradient],
+                 main.random], feed_dict=main.feed(batch))
             if self.other_rows:  # the same gradient summed over sub-batches, from the same values
-                other = self._combined(batch, self.other_rows)[1]
-            loss, _, gradients = main.session.run(
-                [main.step_def.loss_tensor, main.step_def.train_ops, [v.gradient for v in main.with_gradient]],
-                feed_dict=main.feed(batch))
+                other = self._combined(batch, self.other_rows, values, draws)[1]
         else:
-            loss, gradients, written = self._combined(batch, self.rows)
+            draws = main.session.run(main.random, feed_dict=main.feed(batch))
+            loss, gradients, written = self._combined(batch, self.rows, values, draws)
+            # Each replica's rows in reverse order: the same gradient in exact arithmetic (batch statistics
+            # and the mean loss do not depend on the order), summed in another order.
+            other = self._combined(batch, self.rows, values, draws, reverse=True)[1]
             feed = main.feed(batch)
             feed.update(zip([v.gradient for v in main.with_gradient], gradients))
             feed.update(zip(self.writes, written))
@@ -111,17 +142,23 @@ class Reference:
         self._note_noise(gradients, other)
         return float(loss)
 
-    def _combined(self, batch: list[np.ndarray], row_split: list[int]):
-        """Loss, gradients and recorded statistics of the step run on each part of the batch, weighted by
-        the parts' shares (nothing is updated)."""
-        values = self.main.variables()
+    def _combined(self, batch: list[np.ndarray], row_split: list[int], values: list[np.ndarray],
+                  draws: list[np.ndarray], reverse: bool = False):
+        """Loss, gradients and recorded statistics of the step run from `values` on each part of the batch,
+        with the full batch's random `draws`, weighted by the parts' shares (nothing is updated)."""
         total = sum(row_split)
         loss, gradients, written, lo = 0.0, None, None, 0
         for rows in row_split:
             part = self.parts[rows]
             part.initialise(values)
+
+            def rows_of(a, lo=lo, rows=rows):
+                return a[lo:lo + rows][::-1] if reverse else a[lo:lo + rows]
+
+            feed = part.feed([rows_of(a) for a in batch])
+            feed.update(part.random_feed(draws, rows_of, feed))
             fetches = [part.step_def.loss_tensor, [v.gradient for v in part.with_gradient], self.writes]
-            l, g, w = part.session.run(fetches, feed_dict=part.feed([a[lo:lo + rows] for a in batch]))
+            l, g, w = part.session.run(fetches, feed_dict=feed)
             share = rows / total
             loss += share * float(l)
             # Sparse gradients (embedding rows) have no fixed shape to add up: left as None.

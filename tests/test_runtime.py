@@ -211,6 +211,16 @@ def bn_cnn():
         keras.layers.Flatten(),
         keras.layers.Dense(5, activation="softmax", name="head"),
     ])
+
+def bn_dropout_cnn():  # batch statistics per replica and random masks: the reference runs per replica
+    return keras.Sequential([
+        keras.Input((6, 6, 3)),
+        keras.layers.Conv2D(4, 3, use_bias=False, name="conv"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.Flatten(),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(5, activation="softmax", name="head"),
+    ])
 '''
 
 
@@ -236,6 +246,22 @@ def test_dropout_and_loops_match_the_single_device_step(tmp_path, user_models, b
     result = run_emitted(out, steps=2, check=True, timeout=200, echo=lines.append)
     assert result.ok, "\n".join(lines)
     assert result.reference == "single-device step" and all(step["passed"] for step in result.steps)
+    # Compared, not waved through as noise: the sub-batch sums behind the noise test share the masks too.
+    variables = len(json.loads((out / "plan.json").read_text())["emission"]["variables"])
+    assert all(not step["noise_gradient_variables"] and step["compared"]["variables"] == variables
+               for step in result.steps)
+
+
+@pytest.mark.timeout(300)
+def test_dropout_with_batch_norm_replicas_matches_the_per_sub_batch_reference(tmp_path, user_models):
+    emission = emit(resolve_model(f"{user_models}:bn_dropout_cnn", BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
+    assert emission.emitted.stat_ops
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=200, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert "each replica's rows" in result.reference
+    assert all(step["passed"] and not step["noise_gradient_variables"] for step in result.steps)
 
 
 @pytest.mark.timeout(300)
