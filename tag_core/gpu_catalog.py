@@ -59,12 +59,12 @@ _ENTRIES = (
 )
 
 CATALOG: dict[str, GpuType] = {gpu.name: gpu for gpu in _ENTRIES}
-_BY_LOWER = {name.lower(): gpu for name, gpu in CATALOG.items()}
+CATALOG_BY_LOWER = {name.lower(): gpu for name, gpu in CATALOG.items()}
 
 
 def lookup_gpu(name: str, where: str = "gpu") -> GpuType:
     """The catalog entry for `name`, case-insensitively; TagInputError if unknown."""
-    gpu = _BY_LOWER.get(name.strip().lower()) if isinstance(name, str) else None
+    gpu = CATALOG_BY_LOWER.get(name.strip().lower()) if isinstance(name, str) else None
     if gpu is None:
         known = ", ".join(CATALOG)
         raise TagInputError(where, f"unknown GPU type {name!r}; known: {known} (or give an object with name, tflops, mem_gb, mem_bw_gbps)")
@@ -105,8 +105,8 @@ def normalise_device_name(description: str) -> str:
     if match:
         text = match.group(1)
     lowered = text.lower().strip()
-    if lowered in _BY_LOWER:
-        return _BY_LOWER[lowered].name
+    if lowered in CATALOG_BY_LOWER:
+        return CATALOG_BY_LOWER[lowered].name
     tokens = re.findall(r"[a-z0-9]+", lowered)
     mem = re.search(r"(\d+)\s*gb\b", lowered)
     mem_gb = float(mem.group(1)) if mem else None

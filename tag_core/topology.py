@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TagInputError
-from .gpu_catalog import CATALOG, GpuType, is_catalog_entry, lookup_gpu
+from .gpu_catalog import CATALOG, CATALOG_BY_LOWER, GpuType, is_catalog_entry, lookup_gpu
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,18 @@ class Topology:
     def __post_init__(self) -> None:
         # Semantic checks live here so programmatic construction is held to the same rules as JSON.
         _require(len(self.machines) > 0, "machines", "must list at least one machine")
-        _require(_positive_number(self.inter_gbps), "inter_gbps", "must be a positive finite number")
+        _number(self.inter_gbps, "inter_gbps", "gbps")
         seen: dict[str, int] = {}
         gpu_specs: dict[str, tuple[int, GpuType]] = {}
         for i, m in enumerate(self.machines):
             key = m.name.lower()
             _require(key not in seen, f"machines[{i}].name", f"duplicate machine name {m.name!r} (also machines[{seen.get(key)}]; names are case-insensitive)")
             seen[key] = i
-            _require(_positive_int(m.count), f"machines[{i}].count", "must be a positive integer")
-            _require(_positive_number(m.intra_gbps), f"machines[{i}].intra_gbps", "must be a positive finite number")
+            _count(m.count, f"machines[{i}].count")
+            _number(m.intra_gbps, f"machines[{i}].intra_gbps", "gbps")
+            if not is_catalog_entry(m.gpu):
+                for figure in ("tflops", "mem_gb", "mem_bw_gbps"):
+                    _number(getattr(m.gpu, figure), f"machines[{i}].gpu.{figure}", figure)
             # Profiles are keyed by GPU type name, so one name must mean one spec.
             prior = gpu_specs.setdefault(m.gpu.name.lower(), (i, m.gpu))
             _require(prior[1] == m.gpu, f"machines[{i}].gpu", f"GPU type {m.gpu.name!r} differs from its definition in machines[{prior[0]}]")
@@ -71,7 +74,9 @@ class Topology:
             pair = frozenset((ia, ib))
             _require(pair not in pairs, f"links[{j}]", f"duplicate link between {a!r} and {b!r} (also links[{pairs.get(pair)}])")
             pairs[pair] = j
-            _require(_positive_number(gbps), f"links[{j}].gbps", "must be a positive finite number")
+            _number(gbps, f"links[{j}].gbps", "gbps")
+        total = sum(m.count for m in self.machines)
+        _require(total <= MAX_DEVICES, "machines", f"{total} GPUs in all; TAG plans at most {MAX_DEVICES}")
 
     # -- derived views (cached: the simulator asks for them on every evaluation) --
 
@@ -190,6 +195,17 @@ class Topology:
 
 # ---------------------------------------------------------------- validation helpers
 
+# Bounds that keep the cost model's arithmetic finite and catch unit mistakes (MB/s for Gbit/s):
+# wide enough for any real cluster.
+RANGES = {
+    "gbps": (1e-3, 1e6, "Gbit/s"),
+    "tflops": (1e-3, 1e5, "TFLOP/s"),
+    "mem_gb": (1e-3, 1e5, "GB"),
+    "mem_bw_gbps": (1e-3, 1e6, "GB/s"),
+}
+MAX_GPUS_PER_MACHINE = 1024
+MAX_DEVICES = 4096
+
 
 def _require(cond: bool, where: str, problem: str) -> None:
     if not cond:
@@ -239,13 +255,16 @@ def _string(value: Any, where: str) -> str:
     return value.strip()
 
 
-def _number(value: Any, where: str) -> float:
+def _number(value: Any, where: str, kind: str) -> float:
     _require(_positive_number(value), where, f"must be a positive finite number, got {_describe(value)}")
+    low, high, unit = RANGES[kind]
+    _require(low <= value <= high, where, f"must be between {low:g} and {high:g} {unit}, got {value:g}")
     return float(value)
 
 
 def _count(value: Any, where: str) -> int:
     _require(_positive_int(value), where, f"must be a positive integer, got {_describe(value)}")
+    _require(value <= MAX_GPUS_PER_MACHINE, where, f"must be at most {MAX_GPUS_PER_MACHINE} GPUs, got {value}")
     return int(value)
 
 
@@ -255,13 +274,18 @@ def _gpu(value: Any, where: str) -> GpuType:
     _require(isinstance(value, dict), where, f"must be a catalog GPU name or an object, got {_describe(value)}")
     obj = _object(value, where, ("name", "tflops", "mem_gb", "mem_bw_gbps"), ("fp16_tflops",))
     fp16 = obj.get("fp16_tflops")
-    return GpuType(
+    gpu = GpuType(
         name=_string(obj["name"], f"{where}.name"),
-        tflops=_number(obj["tflops"], f"{where}.tflops"),
-        mem_gb=_number(obj["mem_gb"], f"{where}.mem_gb"),
-        mem_bw_gbps=_number(obj["mem_bw_gbps"], f"{where}.mem_bw_gbps"),
-        fp16_tflops=None if fp16 is None else _number(fp16, f"{where}.fp16_tflops"),
+        tflops=_number(obj["tflops"], f"{where}.tflops", "tflops"),
+        mem_gb=_number(obj["mem_gb"], f"{where}.mem_gb", "mem_gb"),
+        mem_bw_gbps=_number(obj["mem_bw_gbps"], f"{where}.mem_bw_gbps", "mem_bw_gbps"),
+        fp16_tflops=None if fp16 is None else _number(fp16, f"{where}.fp16_tflops", "tflops"),
     )
+    # Profiles are keyed by GPU type name: a catalog name must mean the catalog's figures.
+    catalog = CATALOG_BY_LOWER.get(gpu.name.lower())
+    _require(catalog is None or catalog == gpu, f"{where}.name",
+             f"{gpu.name!r} is a catalog GPU with other figures; give just the name, or name yours differently")
+    return gpu
 
 
 def parse_topology(data: Any, source: str = "topology") -> Topology:
@@ -285,7 +309,7 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
                 name=_string(m["name"], f"{where}.name"),
                 gpu=_gpu(m["gpu"], f"{where}.gpu"),
                 count=_count(m["count"], f"{where}.count"),
-                intra_gbps=_number(m["intra_gbps"], f"{where}.intra_gbps"),
+                intra_gbps=_number(m["intra_gbps"], f"{where}.intra_gbps", "gbps"),
             )
         )
     raw_links = obj.get("links", [])
@@ -294,7 +318,7 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
         _require(not raw_links, "links", "cannot be combined with a per-pair inter_gbps matrix")
         inter, pair_links = _inter_matrix(obj["inter_gbps"], machines)
         return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=pair_links)
-    inter = _number(obj["inter_gbps"], "inter_gbps")
+    inter = _number(obj["inter_gbps"], "inter_gbps", "gbps")
     # Links name machines case-insensitively; store the spelling used in `machines`.
     spelled = {m.name.lower(): m.name for m in machines}
     links = []
@@ -306,7 +330,7 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
             label = _string(link[end], f"{where}.{end}")
             _require(label.lower() in spelled, f"{where}.{end}", f"unknown machine {label!r}; known: {', '.join(m.name for m in machines)}")
             ends.append(spelled[label.lower()])
-        links.append((ends[0], ends[1], _number(link["gbps"], f"{where}.gbps")))
+        links.append((ends[0], ends[1], _number(link["gbps"], f"{where}.gbps", "gbps")))
     return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=tuple(links))
 
 
@@ -321,7 +345,7 @@ def _inter_matrix(rows: Any, machines: list[Machine]) -> tuple[float, tuple[tupl
     pairs = {}
     for i in range(n):
         for j in range(i + 1, n):
-            gbps = _number(rows[i][j], f"inter_gbps[{i}][{j}]")
+            gbps = _number(rows[i][j], f"inter_gbps[{i}][{j}]", "gbps")
             _require(_positive_number(rows[j][i]) and float(rows[j][i]) == gbps, f"inter_gbps[{j}][{i}]",
                      f"must equal inter_gbps[{i}][{j}] ({gbps:g}): a link has one bandwidth, got {_describe(rows[j][i])}")
             pairs[(i, j)] = gbps
@@ -329,6 +353,16 @@ def _inter_matrix(rows: Any, machines: list[Machine]) -> tuple[float, tuple[tupl
     inter = max(figures, key=figures.count)  # ties: the smallest of the most common
     links = tuple((machines[i].name, machines[j].name, g) for (i, j), g in pairs.items() if g != inter)
     return inter, links
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    # Python's json keeps the last of repeated keys; a snapshot that repeats one is ambiguous.
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        out[key] = value
+    return out
 
 
 def _reject_constant(token: str) -> float:
@@ -344,9 +378,11 @@ def load_topology(path: str | Path) -> Topology:
     except (OSError, UnicodeDecodeError) as exc:
         raise TagInputError(str(p), f"cannot read topology file: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError) as exc:
         raise TagInputError(str(p), f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise TagInputError(str(p), "not valid JSON: nested too deeply") from None
     return parse_topology(data, source=str(p))
 
 

@@ -247,6 +247,12 @@ BAD = {
     "unknown top-level key": (example(machine=[]), "machine", "unknown key"),
     "unknown machine key": (_machine(0, gpus=4), "machines[0].gpus", "unknown key"),
     "unknown link key": (_with_link(bandwidth=3), "links[0].bandwidth", "unknown key"),
+    "tiny bandwidth": (_machine(0, intra_gbps=1e-300), "machines[0].intra_gbps", "between 0.001 and 1e+06 Gbit/s"),
+    "huge link": (_with_link(gbps=1e300), "links[0].gbps", "between"),
+    "huge inline gpu": (_machine(1, gpu={"name": "X", "tflops": 1e300, "mem_gb": 8, "mem_bw_gbps": 100}), "machines[1].gpu.tflops", "between"),
+    "huge count": (_machine(1, count=100_000_000_000), "machines[1].count", "at most 1024"),
+    "too many gpus": (example(machines=[{"name": f"m{i}", "gpu": "T4", "count": 1024, "intra_gbps": 64} for i in range(5)], links=[]), "machines", "at most 4096"),
+    "inline gpu with a catalog name": (_machine(1, gpu={"name": "v100-32gb", "tflops": 1, "mem_gb": 8, "mem_bw_gbps": 100}), "machines[1].gpu.name", "catalog GPU with other figures"),
     "matrix and links": (example(inter_gbps=[[0, 50, 100], [50, 0, 100], [100, 100, 0]]), "links", "cannot be combined"),
     "matrix too small": (example(inter_gbps=[[0, 50], [50, 0]], links=[]), "inter_gbps", "3x3"),
     "matrix ragged": (example(inter_gbps=[[0, 50, 1], [50, 0], [1, 1, 0]], links=[]), "inter_gbps", "3x3"),
@@ -277,6 +283,18 @@ def test_top_level_must_be_an_object(top):
     with pytest.raises(TagInputError) as err:
         parse_topology(top, source="snap.json")
     assert err.value.where == "snap.json" and "JSON object" in err.value.problem
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"name": "a", "name": "b", "machines": [], "inter_gbps": 1}', "key 'name' appears twice"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_ambiguous_or_pathological_json_is_refused(tmp_path, text, problem):
+    path = tmp_path / "snap.json"
+    path.write_text(text)
+    with pytest.raises(TagInputError) as err:
+        load_topology(path)
+    assert err.value.where == str(path) and problem in err.value.problem
 
 
 def test_load_topology_file_errors_name_the_file(tmp_path):
