@@ -201,6 +201,12 @@ def test_foreign_and_incompatible_checkpoints_are_refused(tmp_path):
     torch.save(broken, tmp_path / "nan.pt")
     with pytest.raises(TagInputError, match="non-finite"):
         load_checkpoint(tmp_path / "nan.pt")
+    next(v for v in broken["state_dict"].values() if v.is_floating_point()).fill_(1e38)
+    torch.save(broken, tmp_path / "huge.pt")  # finite, but the activations overflow
+    with pytest.raises(TagInputError, match="magnitude 1e\\+38"):
+        load_checkpoint(tmp_path / "huge.pt")
+    with pytest.raises(TagInputError, match="is a directory"):
+        load_checkpoint(tmp_path)
     assert payload["format"] == FORMAT
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ from .model import ModelConfig, PolicyNet
 
 FORMAT = "tag-gnn-checkpoint"
 FORMAT_VERSION = 1
+# Trained weights stay far below this (the shipped network's largest is under 10); a larger one
+# overflows float32 activations and would turn the prior into NaNs mid-search.
+MAX_WEIGHT = 1e4
 _REQUIRED = ("format", "format_version", "features", "model_config", "state_dict", "training", "metrics")
 
 
@@ -87,13 +91,18 @@ def save_checkpoint(path: str | Path, net: PolicyNet, *, training: dict, metrics
 def load_checkpoint(path: str | Path, where: str = "checkpoint") -> Checkpoint:
     """Load and validate a checkpoint; TagInputError (naming `where` and the file) when unusable."""
     path = Path(path)
+    if path.is_dir():
+        raise TagInputError(where, f"{path} is a directory, not a checkpoint file")
     if not path.is_file():
         raise TagInputError(where, f"{path} does not exist (train one with `tag train-gnn --out {path}`)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about foreign pickles on stderr: the error says it all
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, foreign pickle, random bytes: all "not loadable"
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise TagInputError(where, f"{path} is not a readable TAG GNN checkpoint (corrupt or truncated?): {first}") from None
+        # torch's own first line is long (advice to load unsafely); its type says enough.
+        raise TagInputError(where, f"{path} is not a readable TAG GNN checkpoint: corrupt, truncated or not a "
+                                   f"torch weights file ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise TagInputError(where, f"{path} is not a TAG GNN checkpoint (no '{FORMAT}' header)")
     missing = [k for k in _REQUIRED if k not in payload]
@@ -117,8 +126,13 @@ def load_checkpoint(path: str | Path, where: str = "checkpoint") -> Checkpoint:
         net.load_state_dict(payload["state_dict"], strict=True)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TagInputError(where, f"{path} does not fit the network: {str(exc).splitlines()[0][:200]}") from None
-    if not all(bool(torch.isfinite(v).all()) for v in net.state_dict().values() if v.is_floating_point()):
+    weights = [v for v in net.state_dict().values() if v.is_floating_point()]
+    if not all(bool(torch.isfinite(v).all()) for v in weights):
         raise TagInputError(where, f"{path} holds non-finite weights (a diverged training run?)")
+    largest = max((float(v.abs().max()) for v in weights if v.numel()), default=0.0)
+    if largest > MAX_WEIGHT:  # finite, but the activations would overflow float32
+        raise TagInputError(where, f"{path} holds a weight of magnitude {largest:.3g}, over {MAX_WEIGHT:g} "
+                                   "(a diverged training run?)")
     net.eval()
     metrics = payload["metrics"] if isinstance(payload["metrics"], dict) else {}
     return Checkpoint(net=net, training=payload["training"], metrics=metrics, optimizer=payload.get("optimizer"),

@@ -78,7 +78,7 @@ class GnnPrior:
         clock = time.perf_counter()
         p = self.probabilities([self.sample(state)])[0]
         if not np.all(np.isfinite(p)) or p.sum() <= 0:
-            raise RuntimeError(f"GNN prior produced non-finite probabilities (checkpoint {self.checkpoint_hash})")
+            raise TagInputError("GNN checkpoint", f"{self.checkpoint_hash} gave non-finite probabilities for this problem")
         p = (1.0 - self.floor) * p / p.sum() + self.floor / len(p)
         self.calls += 1
         self.seconds += time.perf_counter() - clock
