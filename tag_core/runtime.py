@@ -80,6 +80,21 @@ def _check_folder(folder: Path, check: bool) -> dict:
     return plan
 
 
+def _check_cluster(path: Path, tasks: int) -> None:
+    """A cluster.json as `tag emit` writes it: {"cluster": {"worker": [one "host:port" per task]}}."""
+    if not path.is_file():
+        raise TagInputError("--cluster", f"{path} does not exist")
+    try:
+        workers = json.loads(path.read_text())["cluster"]["worker"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError):
+        raise TagInputError("--cluster", f'{path} is not a cluster file: expected {{"cluster": {{"worker": '
+                                         '["host:port", ...]}}') from None
+    if not isinstance(workers, list) or not all(isinstance(w, str) and ":" in w for w in workers):
+        raise TagInputError("--cluster", f"{path}: cluster.worker must be a list of \"host:port\" strings")
+    if len(workers) != tasks:
+        raise TagInputError("--cluster", f"{path} lists {len(workers)} workers; this graph has {tasks} tasks")
+
+
 def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout: float = 600.0,
                 cluster: str | Path | None = None, task_index: int = 0,
                 echo: Callable[[str], None] | None = None) -> RunResult:
@@ -88,8 +103,7 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
     plan = _check_folder(folder, check)
     meta = plan["emission"]
     if cluster is not None:
-        if not Path(cluster).is_file():
-            raise TagInputError("--cluster", f"{cluster} does not exist")
+        _check_cluster(Path(cluster), len(meta["tasks"]))
         if not 0 <= task_index < len(meta["tasks"]):
             raise TagInputError("--task-index", f"must lie in [0, {len(meta['tasks'])}) for this graph")
     command = [sys.executable, "-m", "tag_core.runtime_worker", str(folder), "--steps", str(steps),
@@ -133,6 +147,8 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
             event = _parse(line)
             if event is None:
                 continue
+            if event["event"] == "input_error":  # a file of the folder is unreadable: the user's input
+                raise TagInputError(event["where"], event["message"])
             stage = _stage_after(event, stage)
             for text in describe(event, result):
                 result.lines.append(text)

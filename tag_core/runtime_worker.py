@@ -2,7 +2,7 @@
 
 `tag run` starts it as a child (tag_core.runtime) so that a hung collective or a server
 that will not stop is ended with the process. It reports one JSON object per line on
-stdout: {"event": "start" | "step" | "serving" | "error" | "done", ...}.
+stdout: {"event": "start" | "step" | "serving" | "error" | "input_error" | "done", ...}.
 """
 
 from __future__ import annotations
@@ -50,13 +50,25 @@ def _spec_like(meta: dict):
     return ModelSpec(name="emitted", build=lambda: None, inputs=specs[:-1], label=specs[-1])
 
 
+class FolderError(Exception):
+    """A file of the emitted folder that cannot be read: the user's input, reported as such."""
+
+
 def initial_values(folder: Path, meta: dict) -> list[np.ndarray]:
     """Each variable's initial value: stored exactly, or drawn from its recorded mean and spread."""
-    stored = np.load(folder / "initial_values.npz") if (folder / "initial_values.npz").exists() else None
+    stored = None
+    if (folder / "initial_values.npz").exists():
+        try:
+            stored = dict(np.load(folder / "initial_values.npz", allow_pickle=False))
+        except Exception as exc:  # truncated or foreign: zipfile, EOF and value errors alike
+            raise FolderError(f"{folder / 'initial_values.npz'} cannot be read ({type(exc).__name__}); "
+                              "emit the folder again") from None
     values = []
     for v in meta["variables"]:
         init, shape, dtype = v["init"], tuple(v["shape"]), v["dtype"]
         if "npz" in init:
+            if stored is None or init["npz"] not in stored:
+                raise FolderError(f"{folder / 'initial_values.npz'} lacks the value of {v['name']}; emit the folder again")
             values.append(stored[init["npz"]])
         elif "fill" in init:
             values.append(np.full(shape, init["fill"], dtype=dtype))
@@ -69,8 +81,13 @@ def initial_values(folder: Path, meta: dict) -> list[np.ndarray]:
 def _load_graph_def(folder: Path, meta: dict, timeout: float, on_cpu: bool):
     import tensorflow as tf
 
+    from google.protobuf.message import DecodeError
+
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString((folder / "graph.pb").read_bytes())
+    try:
+        graph_def.ParseFromString((folder / "graph.pb").read_bytes())
+    except DecodeError:
+        raise FolderError(f"{folder / 'graph.pb'} is not a GraphDef (corrupt or truncated); emit the folder again") from None
     for node in graph_def.node:
         if node.op.startswith("Collective"):
             # A missing peer fails the step naming the op, before the session's own deadline (which names none).
@@ -158,10 +175,10 @@ def run(args) -> int:
                                                 start=True))
         on_cpu = meta["device_kind"] == "gpu"
     graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu)
+    values = initial_values(folder, meta)
     report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
            gpu_as_cpu=on_cpu, check=args.check)
     distributed = Distributed(graph_def, meta, servers[0].target, soft=bool(args.cluster))
-    values = initial_values(folder, meta)
     statistics = meta.get("batch_statistics") or {}
     skip = statistics.get("skip")
     reference = Reference(folder, meta) if args.check and not skip else None
@@ -226,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster")
     parser.add_argument("--task-index", type=int, default=0)
     _exit_with_parent()
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except FolderError as exc:
+        report("input_error", where="DIR", message=str(exc))
+        return 2
 
 
 if __name__ == "__main__":

@@ -184,6 +184,30 @@ def test_run_cli_bad_folder_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.timeout(300)
+def test_run_cli_unreadable_folder_files_and_cluster_files_exit_2(tmp_path, capsys):
+    import shutil
+
+    emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, "duplicate", "cpu")
+    good = write_emission(emission, tmp_path / "emitted")
+    assert (good / "initial_values.npz").is_file()
+    for name, damage, problem in [("graph.pb", b"\x08\xff\xff", "is not a GraphDef"),
+                                  ("initial_values.npz", b"", "cannot be read")]:
+        broken = tmp_path / f"broken-{name}"
+        shutil.copytree(good, broken)
+        (broken / name).write_bytes(damage)
+        capsys.readouterr()
+        assert main(["run", str(broken), "--steps", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tag: error: DIR: ") and problem in err and "\n" not in err
+    for content, problem in [("[1, 2]", "not a cluster file"),
+                             ('{"cluster": {"worker": ["127.0.0.1:2999"]}}', "lists 1 workers; this graph has 2")]:
+        (tmp_path / "cluster.json").write_text(content)
+        assert main(["run", str(good), "--cluster", str(tmp_path / "cluster.json")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tag: error: --cluster: ") and problem in err and "\n" not in err
+
+
+@pytest.mark.timeout(300)
 def test_run_cli_json(tmp_path, capsys):
     emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, "duplicate", "cpu")
     out = write_emission(emission, tmp_path / "emitted")
