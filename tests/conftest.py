@@ -48,6 +48,10 @@ def user_model_file(tmp_path):
             def returns_text():
                 return "not a model"
 
+            def exits():
+                import sys
+                sys.exit(0)
+
             not_callable = 3
             '''
         )

@@ -66,6 +66,7 @@ def test_train_gnn_bad_input_exits_2(trained, tmp_path, capsys):
         (["--out", str(tmp_path / "x.pt"), "--resume", str(junk), "--generations", "1"], "--resume"),
         (["--out", str(tmp_path / "x.pt"), "--resume", str(tmp_path / "gone.pt")], "does not exist"),
         (["--out", str(tmp_path / "x.pt"), "--models", "nope", "--generations", "1"], "unknown model"),
+        (["--out", str(tmp_path / "x.pt"), "--models", "", "--generations", "1"], "at least one model"),
     ]
     for args, expected in cases:
         assert main(["--db", str(db), "train-gnn", *args]) == 2, args

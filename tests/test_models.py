@@ -29,6 +29,7 @@ def test_options_and_batch_size_are_configurable():
         ("vgg19[depth=3]", "vgg19 has no option 'depth'"),
         ("vgg19[image_size=big]", "option image_size of vgg19 must be int"),
         ("vgg19[image_size=0]", "must be positive"),
+        ("mlp[hidden=8,hidden=16]", "option hidden of mlp is given twice"),
         ("", "a model name"),
         ("missing_dir/model.py:build", "file 'missing_dir/model.py' does not exist"),
     ],
@@ -67,6 +68,7 @@ def test_user_model_spec_keeps_its_settings(user_model_file):
         ("returns_text", "returned str; expected a ModelSpec or a keras.Model"),
         ("absent", "has no function 'absent'"),
         ("not_callable", "has no function 'not_callable'"),
+        ("exits", "raised SystemExit"),  # a builder that exits must not end tag with status 0
     ],
 )
 def test_bad_user_builders(user_model_file, function, fragment):
@@ -86,3 +88,11 @@ def test_source_hash_follows_the_file(user_model_file):
     user_model_file.write_text(user_model_file.read_text() + "\n# edited\n")
     after = model_source_hash(resolve_model(f"{user_model_file}:plain"))
     assert before != after
+
+
+def test_model_lists_split_between_references_not_inside_options():
+    from tag_core.models import split_models
+
+    assert split_models("mlp, transformer[layers=1,seq_len=8],small_cnn,") == [
+        "mlp", "transformer[layers=1,seq_len=8]", "small_cnn"]
+    assert split_models(" , ") == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..models import split_models
 from ._common import non_negative_int, open_store, positive_float, positive_int, require
 
 # Defaults of the options that --resume may take from the checkpoint instead.
@@ -43,8 +44,8 @@ def run(args) -> int:
     base = dict(resume.training.get("config", {})) if resume is not None else {}
     given = {k: getattr(args, k) for k in ("topologies", "seed", "episodes", "iterations") if getattr(args, k) is not None}
     settings = {**_DEFAULTS, **{k: v for k, v in base.items() if k in TrainConfig.__dataclass_fields__}, **given}
-    if args.models:
-        settings["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.models is not None:
+        settings["models"] = split_models(args.models)
     elif "models" not in settings:
         from ..models import BENCHMARK_MODELS
 

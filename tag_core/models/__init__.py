@@ -45,6 +45,19 @@ def zoo_defaults(name: str) -> dict[str, Any]:
     }
 
 
+def split_models(text: str) -> list[str]:
+    """Comma-separated model references; commas inside a reference's [options] do not split."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [part.strip() for part in [*parts, current] if part.strip()]
+
+
 def resolve_model(reference: str, batch_size: int | None = None) -> ModelSpec:
     """Turn a model reference into a ModelSpec. Raises TagInputError for bad references."""
     if not isinstance(reference, str) or not reference.strip():
@@ -76,6 +89,8 @@ def _zoo_model(reference: str) -> ModelSpec:
         key = key.strip()
         if not sep or key not in defaults:
             raise TagInputError("model", f"{name} has no option {key!r}; options: {', '.join(defaults)}")
+        if key in options:
+            raise TagInputError("model", f"option {key} of {name} is given twice")
         try:
             options[key] = type(defaults[key])(value.strip())
         except ValueError:
@@ -99,14 +114,14 @@ def _load_user_model(reference: str) -> ModelSpec:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         loader_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file: any failure is their input's
+    except (Exception, SystemExit) as exc:  # the user's file: any failure (even sys.exit) is their input's
         raise TagInputError("model", f"could not import {path_text}: {type(exc).__name__}: {exc}")
     builder = getattr(module, function_name, None)
     if not callable(builder):
         raise TagInputError("model", f"{path_text} has no function {function_name!r}")
     try:
         built = builder()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise TagInputError("model", f"builder {reference} raised {type(exc).__name__}: {exc}")
     spec = _as_spec(built, reference, builder)
     spec.source_file = str(path.resolve())
