@@ -73,7 +73,7 @@ def _check_folder(folder: Path, check: bool) -> dict:
     try:
         plan = json.loads((folder / "plan.json").read_text())
         meta = plan["emission"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
         raise TagInputError("DIR", f"{folder / 'plan.json'} is not a plan written by `tag emit`") from None
     if check and not (folder / meta["reference"]).is_file():
         raise TagInputError("--check", f"{folder} has no single-device reference step ({meta['reference']})")

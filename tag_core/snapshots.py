@@ -9,14 +9,13 @@ and validates. The sensor plans for ready snapshots only.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TagInputError
-from .topology import Topology, parse_topology
+from .topology import Topology, parse_topology, topology_from_json
 
 DEFAULT_SETTLE_S = 3.0
 
@@ -63,9 +62,7 @@ def _scan_one(path: Path, root: Path, settle_s: float, now: float) -> SnapshotSc
     if now - stat.st_mtime < settle_s:
         return SnapshotScan(name, path, "settling", f"changed {now - stat.st_mtime:.1f}s ago; waiting {settle_s:g}s")
     try:
-        topology = parse_topology(json.loads(data), source=str(path))
-    except json.JSONDecodeError as exc:
-        return SnapshotScan(name, path, "invalid", f"{path.name}: not valid JSON ({exc.msg} at line {exc.lineno})")
+        topology = topology_from_json(data, str(path))
     except TagInputError as exc:
         return SnapshotScan(name, path, "invalid", str(exc))
     return SnapshotScan(name, path, "ready", "", topology.content_hash(), topology)

@@ -374,16 +374,25 @@ def load_topology(path: str | Path) -> Topology:
     """Read and validate a snapshot file; file-level errors name the file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TagInputError(str(p), f"cannot read topology file: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
+        data = p.read_bytes()
+    except OSError as exc:
+        raise TagInputError(str(p), f"cannot read topology file: {exc.strerror or exc}") from None
+    return topology_from_json(data, str(p))
+
+
+def topology_from_json(data: bytes | str, source: str) -> Topology:
+    """Decode and validate a snapshot's JSON text (the CLI's files and the sensor's alike); errors name `source`."""
     try:
-        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise TagInputError(source, f"cannot read topology file: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        parsed = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError) as exc:
-        raise TagInputError(str(p), f"not valid JSON: {exc}") from None
+        raise TagInputError(source, f"not valid JSON: {exc}") from None
     except RecursionError:
-        raise TagInputError(str(p), "not valid JSON: nested too deeply") from None
-    return parse_topology(data, source=str(p))
+        raise TagInputError(source, "not valid JSON: nested too deeply") from None
+    return parse_topology(parsed, source=source)
 
 
 # ---------------------------------------------------------------- random topologies

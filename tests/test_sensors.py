@@ -72,8 +72,16 @@ def test_snapshot_scan_sorts_files_out(snapshot_dir, tmp_path):
     outside.write_text(TESTBED.read_text())
     (snapshot_dir / "link.json").symlink_to(outside)
     (snapshot_dir / ".partial.json").write_text("{")
-    status = {scan.name: scan.status for scan in scan_snapshots(snapshot_dir, settle_s=2)}
-    assert status == {"testbed": "ready", "fresh": "settling", "broken": "invalid", "link": "refused"}
+    # Read exactly as `tag topology validate` reads a file: not UTF-8, NaN, or a repeated key are invalid.
+    (snapshot_dir / "binary.json").write_bytes(b"\xff\xfe{}")
+    (snapshot_dir / "nan.json").write_text(TESTBED.read_text().replace('"inter_gbps": 100', '"inter_gbps": NaN'))
+    for name in ("binary.json", "nan.json"):
+        settled(snapshot_dir / name)
+    scans = {scan.name: scan for scan in scan_snapshots(snapshot_dir, settle_s=2)}
+    status = {name: scan.status for name, scan in scans.items()}
+    assert status == {"testbed": "ready", "fresh": "settling", "broken": "invalid", "link": "refused",
+                      "binary": "invalid", "nan": "invalid"}
+    assert "not UTF-8" in scans["binary"].reason and "NaN is not valid JSON" in scans["nan"].reason
 
 
 def test_topology_sensor_new_changed_and_deleted(snapshot_dir, instance):
