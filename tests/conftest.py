@@ -48,6 +48,10 @@ def user_model_file(tmp_path):
             def returns_text():
                 return "not a model"
 
+            def two_outputs():
+                inputs = keras.Input((4,))
+                return keras.Model(inputs, [keras.layers.Dense(2)(inputs), keras.layers.Dense(3)(inputs)])
+
             def exits():
                 import sys
                 sys.exit(0)

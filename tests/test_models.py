@@ -68,7 +68,8 @@ def test_user_model_spec_keeps_its_settings(user_model_file):
         ("returns_text", "returned str; expected a ModelSpec or a keras.Model"),
         ("absent", "has no function 'absent'"),
         ("not_callable", "has no function 'not_callable'"),
-        ("exits", "raised SystemExit"),  # a builder that exits must not end tag with status 0
+        ("exits", "raised SystemExit"),
+        ("two_outputs", "has 2 outputs; a plain keras.Model needs one"),  # a builder that exits must not end tag with status 0
     ],
 )
 def test_bad_user_builders(user_model_file, function, fragment):

@@ -138,6 +138,9 @@ def _as_spec(built: Any, reference: str, builder: Callable) -> ModelSpec:
         raise TagInputError(
             "model", f"builder {reference} returned {type(built).__name__}; expected a ModelSpec or a keras.Model"
         )
+    if len(built.outputs) != 1:
+        raise TagInputError("model", f"{reference} has {len(built.outputs)} outputs; a plain keras.Model needs one "
+                                     "(return a ModelSpec with a loss over all of them)")
     inputs = []
     for i, tensor in enumerate(built.inputs):
         shape = tuple(tensor.shape[1:])
