@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import TagInputError
 from .graph import OpGraph
 from .gpu_catalog import GpuType, lookup_gpu
 
@@ -80,8 +81,29 @@ class FusionPlan:
 
     @classmethod
     def from_json(cls, data: dict) -> "FusionPlan":
-        return cls(data["model"], data["patterns"], data["kernels_before"], data["kernels_after"],
-                   data.get("estimated_saving_s", 0.0), data.get("reference_gpu", ""), dict(data.get("measured", {})))
+        """A plan as `to_json` wrote it; TagInputError names the field that is not."""
+        def need(cond: bool, where: str, problem: str) -> None:
+            if not cond:
+                raise TagInputError(where, problem)
+
+        need(isinstance(data, dict), "fusion plan", "must be a JSON object (`tag fuse --json`)")
+        for key in ("model", "patterns", "kernels_before", "kernels_after"):
+            need(key in data, key, "missing field")
+        need(isinstance(data["model"], str), "model", "must be a model name")
+        patterns = data["patterns"]
+        need(isinstance(patterns, list), "patterns", "must be a list of patterns, each a list of op names")
+        for k, pattern in enumerate(patterns):
+            need(isinstance(pattern, list) and bool(pattern) and all(isinstance(n, str) for n in pattern),
+                 f"patterns[{k}]", "must be a non-empty list of op names")
+        for key in ("kernels_before", "kernels_after"):
+            need(isinstance(data[key], int) and not isinstance(data[key], bool) and data[key] >= 0, key,
+                 "must be a non-negative integer")
+        saved = data.get("estimated_saving_s", 0.0)
+        need(isinstance(saved, (int, float)) and not isinstance(saved, bool), "estimated_saving_s", "must be a number")
+        need(isinstance(data.get("reference_gpu", ""), str), "reference_gpu", "must be a GPU name")
+        need(isinstance(data.get("measured", {}), dict), "measured", "must be a JSON object")
+        return cls(data["model"], patterns, data["kernels_before"], data["kernels_after"], saved,
+                   data.get("reference_gpu", ""), dict(data.get("measured", {})))
 
     @property
     def ops_fused(self) -> int:

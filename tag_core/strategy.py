@@ -32,6 +32,8 @@ from .errors import TagInputError
 
 OPTIONS = ("allreduce", "ps", "duplicate", "model_parallel")
 FORMAT_VERSION = 1
+MAX_OPS = 10_000_000  # far beyond any captured graph; a larger num_ops would only allocate a huge op_groups
+INT64_MAX = 2**63 - 1  # numpy int64 holds the indices and sizes: a larger JSON integer overflows it
 
 
 @dataclass
@@ -181,19 +183,24 @@ class Strategy:
         num_ops = data.get("num_ops")
         op_groups = data.get("op_groups")
         if op_groups is None:
-            if not isinstance(num_ops, int) or num_ops < 0:
-                raise TagInputError("num_ops", "required (a non-negative integer) when op_groups is null")
+            if not _is_int(num_ops) or not 0 <= num_ops <= MAX_OPS:
+                raise TagInputError("num_ops", f"required (an integer in [0, {MAX_OPS}]) when op_groups is null")
             op_groups = [0] * num_ops
-        elif not isinstance(op_groups, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in op_groups):
+        elif not isinstance(op_groups, list) or not all(_is_int(x) for x in op_groups):
             raise TagInputError("op_groups", "must be a list of integers")
         elif num_ops is not None and num_ops != len(op_groups):
             raise TagInputError("num_ops", f"says {num_ops} but op_groups has {len(op_groups)} entries")
+        # Ranges are checked here, before numpy's int64 arrays would overflow on a huge integer.
+        if not all(0 <= x < len(groups) for x in op_groups):
+            raise TagInputError("op_groups", f"group indices must lie in [0, {len(groups)})")
         op_devices = data.get("op_devices")
-        if op_devices is not None and (not isinstance(op_devices, list) or not all(isinstance(x, int) for x in op_devices)):
+        if op_devices is not None and (not isinstance(op_devices, list) or not all(_is_int(x) for x in op_devices)):
             raise TagInputError("op_devices", "must be a list of integers or null")
+        if op_devices is not None and not all(-1 <= x < len(shares) for x in op_devices):
+            raise TagInputError("op_devices", f"device indices must lie in [-1, {len(shares)}) (one per batch share)")
         fusion = data.get("fusion_bytes", 0)
-        if not isinstance(fusion, int) or isinstance(fusion, bool):
-            raise TagInputError("fusion_bytes", "must be a non-negative integer")
+        if not _is_int(fusion) or not 0 <= fusion <= INT64_MAX:
+            raise TagInputError("fusion_bytes", f"must be an integer in [0, {INT64_MAX}]")
         overlap = data.get("overlap", True)
         if not isinstance(overlap, bool):
             raise TagInputError("overlap", "must be true or false")
@@ -201,8 +208,15 @@ class Strategy:
         if not isinstance(sfb, dict):
             raise TagInputError("sfb", "must map variable names to lists of op indices")
         for name, ops in sfb.items():
-            if not isinstance(ops, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ops):
+            if not isinstance(ops, list) or not all(_is_int(x) for x in ops):
                 raise TagInputError(f"sfb[{name!r}]", "must be a list of op indices")
+        extra = data.get("extra")
+        extra = {} if extra is None else extra
+        if not isinstance(extra, dict):
+            raise TagInputError("extra", f"must be a JSON object, got {type(extra).__name__}")
+        machines = extra.get("machines")
+        if machines is not None and (not isinstance(machines, list) or not all(isinstance(m, str) for m in machines)):
+            raise TagInputError("extra.machines", "must be a list of machine names")
         return cls(
             op_groups=np.array(op_groups, dtype=np.int64),
             masks=np.array(masks, dtype=bool),
@@ -212,7 +226,7 @@ class Strategy:
             overlap=overlap,
             op_devices=None if op_devices is None else np.array(op_devices, dtype=np.int64),
             name=str(data.get("name", "")),
-            extra=dict(data.get("extra", {})),
+            extra=dict(extra),
             sfb=sfb,
         )
 
@@ -224,6 +238,17 @@ class Strategy:
             raise TagInputError("strategy", f"not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
+    def check_machines(self, names: list[str], topology: str) -> None:
+        """extra.machines, when given, must be the topology's machines in its order: masks are positional."""
+        given = self.extra.get("machines")
+        if given is None or [str(m).lower() for m in given] == [n.lower() for n in names]:
+            return
+        known = {n.lower() for n in names}
+        unknown = [str(m) for m in given if str(m).lower() not in known]
+        if unknown:
+            raise TagInputError("extra.machines", f"names machines topology {topology!r} does not have: {', '.join(unknown)}")
+        raise TagInputError("extra.machines", f"must list the machines of topology {topology!r} in its order: {', '.join(names)}")
+
     def key(self) -> bytes:
         """A compact hashable identity (for caches of simulation results)."""
         parts = [self.op_groups.tobytes(), self.masks.tobytes(), "|".join(self.options).encode(),
@@ -233,3 +258,7 @@ class Strategy:
         if self.sfb:
             parts.append(repr(sorted(self.sfb.items())).encode())
         return b"#".join(parts)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..errors import TagInputError
+
+INT32_MAX = 2**31 - 1  # DuckDB INTEGER columns (store.py) hold no more
 
 
 def _number(text: str, convert, valid, what: str):
@@ -30,6 +33,16 @@ def positive_float(text: str) -> float:
 
 def non_negative_int(text: str) -> int:
     return _number(text, int, lambda v: v >= 0, "a non-negative integer")
+
+
+def positive_int32(text: str) -> int:
+    """A positive integer that is stored in an INTEGER column (a batch size)."""
+    return _number(text, int, lambda v: 0 < v <= INT32_MAX, f"an integer in [1, {INT32_MAX}]")
+
+
+def non_negative_int32(text: str) -> int:
+    """A non-negative integer that is stored in an INTEGER column (a seed)."""
+    return _number(text, int, lambda v: 0 <= v <= INT32_MAX, f"an integer in [0, {INT32_MAX}]")
 
 
 def positive_int_list(text: str) -> list[int]:
@@ -73,3 +86,34 @@ def print_json(data) -> None:
 def require(condition: bool, where: str, problem: str) -> None:
     if not condition:
         raise TagInputError(where, problem)
+
+
+def input_file(text: str, argument: str) -> Path:
+    """`text` as a file to read; TagInputError naming `argument` when it is missing or a directory."""
+    path = Path(text)
+    if path.is_dir():
+        raise TagInputError(argument, f"{text} is a directory, not a file")
+    if not path.is_file():
+        raise TagInputError(argument, f"{text} does not exist")
+    return path
+
+
+def check_plan(plan: dict, strategy, model: str, topology, where: str, num_ops: int | None = None) -> None:
+    """The check simulate, sfb and emit make of a plan or strategy file: made for this model and topology
+    (its identity fields, extra.machines) and, given the graph's `num_ops`, shaped for both. Errors name
+    `where` and the field."""
+    try:
+        if plan.get("model") not in (None, model):
+            raise TagInputError("model", f"was made for model {plan['model']!r}, not {model!r}")
+        named = plan.get("topology")
+        named = named.get("name") if isinstance(named, dict) else named
+        if named is not None and str(named).lower() != topology.name.lower():
+            raise TagInputError("topology", f"was made for topology {named!r}, not {topology.name!r}")
+        batch = plan.get("batch_size")
+        if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or not 0 < batch <= INT32_MAX):
+            raise TagInputError("batch_size", f"must be an integer in [1, {INT32_MAX}], got {batch!r}")
+        strategy.check_machines([m.name for m in topology.machines], topology.name)
+        if num_ops is not None:
+            strategy.validate(num_ops, topology.num_machines, topology.num_devices)
+    except TagInputError as exc:
+        raise TagInputError(f"{where}: {exc.where}", exc.problem) from None

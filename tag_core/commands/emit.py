@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import positive_int, print_json
+from ._common import check_plan, input_file, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -58,15 +58,13 @@ def _fusion(args, model: str):
     if args.fusion != "stored":
         import json
 
-        path = Path(args.fusion)
-        if not path.is_file():
-            raise TagInputError("--fusion", f"{path} does not exist")
+        path = input_file(args.fusion, "--fusion")
         try:
             given = FusionPlan.from_json(json.loads(path.read_text()))
         except json.JSONDecodeError as exc:
             raise TagInputError("--fusion", f"{path} is not valid JSON: {exc}") from None
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise TagInputError("--fusion", f"{args.fusion} is not a fusion plan (`tag fuse --json`): {exc}") from None
+        except TagInputError as exc:
+            raise TagInputError(f"--fusion {path}: {exc.where}", exc.problem) from None
         if given.model != model:
             raise TagInputError("--fusion", f"{args.fusion} is a fusion plan for {given.model!r}, not {model!r}")
 
@@ -102,24 +100,35 @@ def _stored_fusion(args, model: str, graph_hash: str):
 
 
 def run(args) -> int:
-    from ..emit import emit_folder, read_plan
+    from ..emit import emit_folder, plan_topology, read_plan
     from ..errors import TagInputError
     from ..models import resolve_model
     from ..topology import load_topology
+    from .simulate import is_strategy_file, read_plan_file
 
     if args.strategy and not args.topology:
         raise TagInputError("--topology", "is required with --strategy")
     out = Path(args.out)
     if out.exists() and not args.force:
         raise TagInputError("--out", f"{out} exists; pass --force to replace it")
-    plan = read_plan(args.plan)[0] if args.plan else None
+    topology = load_topology(args.topology) if args.topology else None
+    # A plan or strategy file is checked before the (slow) tracing, as simulate and sfb check theirs.
+    plan, strategy, where = None, args.strategy, None
+    if args.plan:
+        input_file(args.plan, "--plan")  # read_plan would call a directory missing
+        plan, chosen = read_plan(args.plan)
+        topology, checked, where = plan_topology(plan, topology), plan, f"--plan {args.plan}"
+    elif is_strategy_file(args.strategy):
+        checked, chosen = read_plan_file(args.strategy)
+        strategy, where = chosen, f"--strategy {args.strategy}"
     batch = args.batch_size
-    if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):
-        raise TagInputError("--batch-size", f"the plan is for a batch of {plan['batch_size']}, not {batch}")
     # A plan's graph hash is of the step at the model's own batch: keep it, the plan says its batch.
     spec = resolve_model(args.model, None if plan is not None else batch)
-    topology = load_topology(args.topology) if args.topology else None
-    emission = emit_folder(spec, out, topology, strategy=args.strategy, plan=plan, device_kind=args.device_kind,
+    if where is not None:
+        check_plan(checked, chosen, spec.name, topology, where)
+    if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):
+        raise TagInputError("--batch-size", f"the plan is for a batch of {plan['batch_size']}, not {batch}")
+    emission = emit_folder(spec, out, topology, strategy=strategy, plan=plan, device_kind=args.device_kind,
                            force=args.force, profiles=_profiles(args, spec.name), fusion=_fusion(args, spec.name))
     summary = emission.summary()
     if args.json:

@@ -8,18 +8,20 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from ._common import non_negative_int, open_store, positive_float, positive_int, print_json, require
+from ._common import (
+    input_file, non_negative_int32, open_store, positive_float, positive_int, positive_int32, print_json, require,
+)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="search a deployment plan (MCTS) and compare it with the baselines")
     parser.add_argument("model", help="zoo name or path/to/file.py:function (captured and profiled first if needed)")
     parser.add_argument("--topology", required=True, help="topology snapshot JSON")
-    parser.add_argument("--batch-size", type=positive_int, help="global batch to plan for (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int32, help="global batch to plan for (default: the model's)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget-iterations", type=positive_int, help="MCTS iterations (default 300)")
     budget.add_argument("--budget-seconds", type=positive_float, help="MCTS wall-clock seconds")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="search seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int32, default=0, help="search seed (default 0)")
     parser.add_argument("--groups", type=positive_int, default=60, help="METIS op groups (default 60)")
     parser.add_argument("--warm-start", metavar="PLAN_JSON", help="start the search from a previous plan file")
     parser.add_argument("--prior", choices=("gnn", "uniform"),
@@ -57,7 +59,7 @@ def run(args) -> int:
     from ..gnn.prior import choose_prior
     from ..mcts import Budget
     from ..models import resolve_model
-    from ..planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
+    from ..planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes, warm_start_problem
     from ..profile import profile_model
     from ..topology import load_topology
 
@@ -66,6 +68,8 @@ def run(args) -> int:
         out_dir = Path(args.out).parent
         require(out_dir.is_dir(), "--out", f"directory {str(out_dir)!r} does not exist")
     warm = _read_plan(args.warm_start) if args.warm_start else None
+    if args.checkpoint and Path(args.checkpoint).is_dir():
+        raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")
     prior = choose_prior(args.prior, args.checkpoint)  # before the slow steps: a bad checkpoint fails fast
     if prior.warning:
         print(f"tag: warning: {prior.warning}", file=sys.stderr)
@@ -84,21 +88,17 @@ def run(args) -> int:
         fusion = _fusion_plan(conn, spec, graph) if args.fusion else None
     finally:
         conn.close()
+    why = warm_start_problem(warm, graph, topology) if warm is not None else None
+    if why:  # searching without it is still useful; the lineage must not claim it
+        print(f"tag: note: --warm-start {args.warm_start}: {why}; searching without it", file=sys.stderr)
+        warm = None
     budget = (Budget(seconds=args.budget_seconds) if args.budget_seconds
               else Budget(iterations=args.budget_iterations or DEFAULT_ITERATIONS))
-    try:
-        result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
-                      seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True,
-                      prior=prior.prior, lineage={"warm_start_from": args.warm_start, **prior.lineage()},
-                      fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit)
-    except TagInputError as exc:
-        if exc.where == "strategy" or exc.where.startswith(("groups", "batch_shares", "op_groups")):
-            raise TagInputError(f"--warm-start {args.warm_start}: {exc.where}", exc.problem) from None
-        raise
+    result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
+                  seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True, prior=prior.prior,
+                  lineage={"warm_start_from": args.warm_start if warm is not None else None, **prior.lineage()},
+                  fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit)
     data = result.to_dict()
-    text = json.dumps(data, indent=2)
-    if args.out:
-        write_atomically(args.out, text + "\n", make_parents=False)
     conn = open_store(args)
     try:
         # The snapshot goes in too, so lineage and the report can find the topology a plan was made for.
@@ -106,6 +106,8 @@ def run(args) -> int:
         store.save_plan(conn, uuid.uuid4().hex[:16], data, source="cli")
     finally:
         conn.close()
+    if args.out:  # after the store: a failed insert leaves the old file
+        write_atomically(args.out, json.dumps(data, indent=2) + "\n", make_parents=False)
     if args.json:
         print_json(data)
     else:
@@ -116,15 +118,20 @@ def run(args) -> int:
 
 
 def _read_plan(path: str) -> dict:
+    """The warm-start plan, its strategy checked before anything slow runs."""
     from ..errors import TagInputError
+    from ..strategy import Strategy
 
-    p = Path(path)
-    if not p.is_file():
-        raise TagInputError("--warm-start", f"{path} does not exist")
+    source = input_file(path, "--warm-start")
     try:
-        return json.loads(p.read_text())
+        data = json.loads(source.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TagInputError("--warm-start", f"{path} is not valid JSON: {exc}") from None
+    try:
+        Strategy.from_dict(data)
+    except TagInputError as exc:
+        raise TagInputError(f"--warm-start {path}: {exc.where}", exc.problem) from None
+    return data
 
 
 def format_table(data: dict, actions: list[str]) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import captured_with_profiles, positive_float, positive_int, print_json
+from ._common import captured_with_profiles, check_plan, positive_float, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -22,22 +22,32 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..baselines import baseline, baseline_name
+    from ..baselines import BASELINES, baseline, baseline_name
+    from ..errors import TagInputError
     from ..models import resolve_model
     from ..sfb import apply_sfb
     from ..simulate import Simulator
     from ..topology import load_topology
-    from .simulate import read_strategy_file
+    from .simulate import read_plan_file
 
     topology = load_topology(args.topology)
-    # Both are checked before the (slow) capture: bad input writes nothing.
-    from_plan = read_strategy_file(args.plan, "--plan") if args.plan else None
-    if from_plan is None:
-        baseline_name(args.strategy, "--strategy")
     spec = resolve_model(args.model)
+    # Both are checked before the (slow) capture: bad input writes nothing.
+    plan, strategy = read_plan_file(args.plan, "--plan") if args.plan else (None, None)
+    if plan is not None:
+        check_plan(plan, strategy, spec.name, topology, f"--plan {args.plan}")
+    else:
+        try:
+            baseline_name(args.strategy, "--strategy")
+        except TagInputError:  # its message offers a plan file, which goes to --plan here
+            raise TagInputError("--strategy", f"unknown baseline {args.strategy!r}; known: {', '.join(BASELINES)} "
+                                              f"(give a plan or strategy file with --plan)") from None
     graph, profiles = captured_with_profiles(args, spec)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
-    strategy = from_plan or baseline(args.strategy, sim)
+    if plan is not None:
+        check_plan(plan, strategy, spec.name, topology, f"--plan {args.plan}", len(graph.ops))
+    else:
+        strategy = baseline(args.strategy, sim)
     result = apply_sfb(sim, strategy, args.time_limit)
     data = {"model": spec.name, "topology": topology.name, "strategy": strategy.name or args.plan,
             "batch_size": sim.batch, **result.to_dict(sim)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import captured_with_profiles, positive_int, print_json
+from ._common import captured_with_profiles, check_plan, input_file, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -23,22 +23,33 @@ def load_strategy(text: str, sim):
     """A baseline name, or a JSON file holding a strategy (or a plan that embeds one)."""
     from ..baselines import baseline
 
-    path = Path(text)
-    if text.lower().endswith(".json") or path.exists():
+    if is_strategy_file(text):
         return read_strategy_file(text)
     return baseline(text, sim)
 
 
+def is_strategy_file(text: str) -> bool:
+    return text.lower().endswith(".json") or Path(text).exists()
+
+
 def read_strategy_file(text: str, argument: str = "--strategy"):
     """The strategy in a JSON file (a strategy, or a plan that embeds one); errors name `argument`."""
+    return read_plan_file(text, argument)[1]
+
+
+def read_plan_file(text: str, argument: str = "--strategy"):
+    """(the file's JSON, its strategy) for a strategy or plan file; errors name `argument`."""
+    import json
+
     from ..errors import TagInputError
     from ..strategy import Strategy
 
-    path = Path(text)
-    if not path.is_file():
-        raise TagInputError(argument, f"{text} does not exist")
+    path = input_file(text, argument)
     try:
-        return Strategy.from_json(path.read_text())
+        data = json.loads(path.read_text())
+        return data, Strategy.from_dict(data)
+    except json.JSONDecodeError as exc:
+        raise TagInputError(argument, f"{text} is not valid JSON: {exc}") from None
     except TagInputError as exc:
         raise TagInputError(f"{argument} {text}: {exc.where}", exc.problem) from None
     except UnicodeDecodeError:
@@ -46,15 +57,25 @@ def read_strategy_file(text: str, argument: str = "--strategy"):
 
 
 def run(args) -> int:
+    from ..baselines import baseline, baseline_name
     from ..models import resolve_model
     from ..simulate import Simulator
     from ..topology import load_topology
 
     topology = load_topology(args.topology)
     spec = resolve_model(args.model)
+    # A file, or the baseline's name, is checked before the (slow) capture: bad input writes nothing.
+    plan, strategy = read_plan_file(args.strategy) if is_strategy_file(args.strategy) else (None, None)
+    if plan is not None:
+        check_plan(plan, strategy, spec.name, topology, f"--strategy {args.strategy}")
+    else:
+        baseline_name(args.strategy, "--strategy")
     graph, profiles = captured_with_profiles(args, spec)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
-    strategy = load_strategy(args.strategy, sim)
+    if plan is not None:
+        check_plan(plan, strategy, spec.name, topology, f"--strategy {args.strategy}", len(graph.ops))
+    else:
+        strategy = baseline(args.strategy, sim)
     result = sim.run(strategy, timeline=bool(args.timeline))
     if args.timeline:
         from ..timeline import save_timeline
