@@ -93,7 +93,8 @@ def make_groups(graph: OpGraph, profiles: pd.DataFrame | None, num_groups: int =
 def profile_batch_sizes(batch_size: int, topology: Topology) -> list[int]:
     """Per-device batches worth profiling: divisors of the global batch nearest to
     batch / (all devices) and batch / (devices of the largest machine)."""
-    divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+    small = [d for d in range(1, math.isqrt(batch_size) + 1) if batch_size % d == 0]  # O(sqrt): batches can be huge
+    divisors = sorted({*small, *(batch_size // d for d in small)})
     largest = max(m.count for m in topology.machines)
     wanted = {batch_size / topology.num_devices, batch_size / largest}
     return sorted({min(divisors, key=lambda d: (abs(d - w), d)) for w in wanted})
