@@ -16,11 +16,19 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
     """
     path = Path(path)
     directory = path.parent
+    if path.is_dir():
+        raise TagInputError(where, f"{str(path)!r} is a directory; give a file name")
     if make_parents:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # e.g. a file where a directory should be
+            raise TagInputError(where, f"cannot create directory {str(directory)!r} ({exc.strerror})") from None
     elif not directory.is_dir():
         raise TagInputError(where, f"directory {str(directory)!r} does not exist")
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise TagInputError(where, f"cannot write in {str(directory)!r} ({exc.strerror})") from None
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data.encode() if isinstance(data, str) else data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from .errors import TagInputError
 
 REQUIRED = ["model", "op", "device_type", "batch_size", "run", "time_us"]
 OPTIONAL = ["host", "tf_version", "profiled_at"]
+INT32_MAX = 2**31 - 1  # batch_size and run are INTEGER columns
 
 
 def read_profile_csv(path: str | Path) -> pd.DataFrame:
@@ -27,6 +29,7 @@ def read_profile_csv(path: str | Path) -> pd.DataFrame:
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise TagInputError(where, f"not a well-formed CSV ({str(exc).strip().splitlines()[0]})")
+    _require_header_width(text, where)  # pandas takes a longer first row and a shorter row
     missing = [column for column in REQUIRED if column not in frame.columns]
     if missing:
         raise TagInputError(where, f"missing column(s) {', '.join(missing)}; need {', '.join(REQUIRED)}")
@@ -46,6 +49,22 @@ def read_profile_csv(path: str | Path) -> pd.DataFrame:
     return out
 
 
+def _require_header_width(text: str, where: str) -> None:
+    """Every row has the header's number of fields (pandas shifts a longer first row into its index)."""
+    rows = csv.reader(io.StringIO(text))
+    width = None
+    try:
+        for fields in rows:
+            if not fields:  # a blank line, skipped like pandas does
+                continue
+            if width is None:
+                width = len(fields)
+            elif len(fields) != width:
+                raise TagInputError(f"{where}:{rows.line_num}", f"has {len(fields)} fields; the header has {width}")
+    except csv.Error as exc:
+        raise TagInputError(where, f"not a well-formed CSV ({exc})") from None
+
+
 def _validated_row(record: dict, where: str) -> dict:
     row = {}
     for column in ("model", "op", "device_type"):
@@ -61,6 +80,8 @@ def _validated_row(record: dict, where: str) -> dict:
             raise TagInputError(f"{where}.{column}", f"must be an integer, got {record[column]!r}")
         if value < lowest:
             raise TagInputError(f"{where}.{column}", f"must be at least {lowest}, got {value}")
+        if value > INT32_MAX:
+            raise TagInputError(f"{where}.{column}", f"must be at most {INT32_MAX}, got {value}")
         row[column] = value
     try:
         time_us = float(record["time_us"])

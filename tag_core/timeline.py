@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
+from .errors import TagInputError
+from .files import write_atomically
 from .graph import OpGraph
 from .simulate import SimResult
 from .simulate_expand import KINDS
@@ -36,8 +39,28 @@ def _merge(starts: np.ndarray, ends: np.ndarray, min_width: float) -> list[tuple
     return [(a, max(b - a, min_width)) for a, b in bars]
 
 
+def timeline_formats() -> list[str]:
+    """What savefig can write here, by file extension (pgf needs a LaTeX install)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
+
+
+def check_timeline_path(path: str | Path, where: str = "--timeline") -> Path:
+    """The chart's file, refused before any work when its extension names no format we can write."""
+    path = Path(path)
+    if path.is_dir():
+        raise TagInputError(where, f"{str(path)!r} is a directory; give a file name, e.g. {str(path / 'gantt.png')!r}")
+    formats = timeline_formats()
+    if path.suffix.lower().lstrip(".") not in formats:
+        got = f"got {path.suffix!r}" if path.suffix else "it has none"
+        raise TagInputError(where, f"needs an image file extension ({', '.join(formats)}); {got}")
+    return path
+
+
 def save_timeline(result: SimResult, graph: OpGraph, topology: Topology, path: str | Path, title: str = "") -> Path:
-    """Write a PNG Gantt chart of `result` (which must carry a timeline) to `path`."""
+    """Write a Gantt chart of `result` (which must carry a timeline) to `path`, in the format its extension names."""
+    path = check_timeline_path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,8 +104,8 @@ def save_timeline(result: SimResult, graph: OpGraph, topology: Topology, path: s
     legend += [Patch(color=COMM_COLORS[k], label=k) for k in KINDS if (tl.comm_kind == KINDS.index(k)).any()]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.08 - 0.6 / (D + 3)), ncol=len(legend), fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format=path.suffix.lower().lstrip("."), dpi=110)
     plt.close(fig)
+    write_atomically(path, image.getvalue(), where="--timeline")
     return path

@@ -25,12 +25,13 @@ def register(subparsers) -> None:
 
 
 def run_import(args) -> int:
-    from ..profile_csv import import_profiles, read_profile_csv
+    from .. import store
+    from ..profile_csv import read_profile_csv
 
-    read_profile_csv(args.file)  # validate before opening the store: nothing is written on bad input
+    rows = read_profile_csv(args.file)  # read once, validated before the store opens: nothing written on bad input
     conn = open_store(args)
     try:
-        count = import_profiles(conn, args.file)
+        count = store.replace_profiles(conn, rows)
     finally:
         conn.close()
     print(f"imported {count} profile rows from {args.file}")
@@ -43,6 +44,7 @@ def run_export(args) -> int:
 
     conn = open_store(args, read_only=True)
     try:
+        _require_profiles(conn, args.model, args.device_type)
         text = export_profiles(conn, args.model, args.device_type)
     finally:
         conn.close()
@@ -51,6 +53,18 @@ def run_export(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _require_profiles(conn, model: str | None, device_type: str | None) -> None:
+    """A filter that matches nothing is likely a typo; a header-only export would also overwrite --out."""
+    from .. import store
+    from ..errors import TagInputError
+
+    if model is not None and store.load_profiles(conn, model).empty:
+        raise TagInputError("--model", f"no profiles stored for model {model!r}")
+    if device_type is not None and store.load_profiles(conn, model, device_type).empty:
+        of_model = f" of model {model!r}" if model is not None else ""
+        raise TagInputError("--device-type", f"no profiles stored for device type {device_type!r}{of_model}")
 
 
 def run_list(args) -> int:

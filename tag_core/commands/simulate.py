@@ -15,7 +15,8 @@ def register(subparsers) -> None:
                         help="a baseline (dp-nccl, dp-nccl-p, horovod, single) or a strategy/plan .json file")
     parser.add_argument("--batch-size", type=positive_int, help="global batch to simulate (default: the model's)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--timeline", metavar="PNG", help="write a Gantt chart of the iteration to this file")
+    parser.add_argument("--timeline", metavar="FILE",
+                        help="write a Gantt chart of the iteration to this file (.png, .svg, .pdf, ...)")
     parser.set_defaults(run=run)
 
 
@@ -60,8 +61,11 @@ def run(args) -> int:
     from ..baselines import baseline, baseline_name
     from ..models import resolve_model
     from ..simulate import Simulator
+    from ..timeline import check_timeline_path
     from ..topology import load_topology
 
+    if args.timeline:  # before the slow steps
+        check_timeline_path(args.timeline)
     topology = load_topology(args.topology)
     spec = resolve_model(args.model)
     # A file, or the baseline's name, is checked before the (slow) capture: bad input writes nothing.
