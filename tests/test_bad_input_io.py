@@ -13,9 +13,10 @@ import duckdb
 import pytest
 
 from tag_core import store
-from tag_core.cli import _tf_log_lines_kept, main
+from tag_core.cli import main
 from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
+from tag_core.tf_logs import kept_log_lines
 
 TAG = str(Path(sys.executable).parent / "tag")
 TOPOLOGY = str(Path(__file__).parents[1] / "examples" / "topologies" / "testbed.json")
@@ -164,10 +165,10 @@ def test_tf_log_filter_follows_the_level():
             b"I0000 00:00:1.1  1 cpu_feature_guard.cc:227] optimized\nTo enable the following instructions: AVX2\n"
             b"W0000 00:00:1.2  1 x.cc:1] a warning\n"
             b"E0000 00:00:1.3  1 x.cc:2] an error\n")
-    assert _tf_log_lines_kept(text, 0) == text  # a user's TF_CPP_MIN_LOG_LEVEL=0 shows everything
-    assert _tf_log_lines_kept(text, 1) == text.split(b"\n", 1)[0] + b"\n" + b"".join(text.splitlines(True)[4:])
-    assert _tf_log_lines_kept(text, 2) == b"E0000 00:00:1.3  1 x.cc:2] an error\n"
-    assert _tf_log_lines_kept(b"not a log line\n", 3) == b"not a log line\n"
+    assert kept_log_lines(text, 0) == text  # a user's TF_CPP_MIN_LOG_LEVEL=0 shows everything
+    assert kept_log_lines(text, 1) == text.split(b"\n", 1)[0] + b"\n" + b"".join(text.splitlines(True)[4:])
+    assert kept_log_lines(text, 2) == b"E0000 00:00:1.3  1 x.cc:2] an error\n"
+    assert kept_log_lines(b"not a log line\n", 3) == b"not a log line\n"
 
 
 # ---- profile CSVs ---------------------------------------------------------------------
