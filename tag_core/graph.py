@@ -36,6 +36,9 @@ class Op:
     is_input: bool = False  # a model input or the label
     batch_scaled: bool = False  # some output carries the batch dimension
     variable: str | None = None  # the variable it reads or writes
+    # Further variables it takes handles of (a loop or function call over several, such as an LSTM's
+    # kernels): all must live on its devices, so grouping keeps them with it.
+    other_variables: tuple[str, ...] = ()
 
 
 @dataclass
@@ -98,7 +101,8 @@ class OpGraph:
     def content_hash(self) -> str:
         digest = hashlib.sha256(f"{self.model}|{self.batch_size}".encode())
         for op in self.ops:
-            digest.update(repr(astuple_fast(op)).encode())
+            record = astuple_fast(op)
+            digest.update(repr(record if op.other_variables else record[:-1]).encode())  # hashes from before the field hold
         for edge in self.edges:
             digest.update(repr(astuple_fast(edge)).encode())
         return digest.hexdigest()[:16]
@@ -273,8 +277,8 @@ def _classify(kept, inputs, step, bigger, input_nodes, index_of, edges, sources)
             int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype) for shape, dtype in out if all(d >= 0 for d in shape)
         )
         grown = [a[0] != b[0] for a, b in zip(out, bigger.output_shapes.get(node.name, []))]
-        handle = next((name for name, index in inputs[node.name] if name in variables), None)
-        variable = variables.get(handle)
+        handles = list(dict.fromkeys(name for name, index in inputs[node.name] if variables.get(name) is not None))
+        variable = variables.get(handles[0]) if handles else None
         is_parameter = node.op == "ReadVariableOp" and variable is not None and variable.owner == "model"
         touches_optimizer = variable is not None and variable.owner == "optimizer"
         writes = node.op in STATEFUL_WRITES
@@ -292,6 +296,7 @@ def _classify(kept, inputs, step, bigger, input_nodes, index_of, edges, sources)
                 is_input=node.name in input_nodes,
                 batch_scaled=any(grown),
                 variable=variable.name if variable else None,
+                other_variables=tuple(variables[h].name for h in handles[1:]),
             )
         )
     return ops

@@ -2,8 +2,9 @@
 
 Vertices are ops weighted by compute time; edges are tensors weighted by
 bytes, so cuts fall on thin tensors and groups carry similar work. Ops that
-touch the same variable (its read and its update) are contracted into one
-vertex first: a variable must live with the ops that write it.
+touch the same variable (its read and its update, or a loop over several
+variables) are contracted into one vertex first: a variable must live with
+the ops that use it.
 """
 
 from __future__ import annotations
@@ -63,10 +64,9 @@ def _contract(graph: OpGraph) -> np.ndarray:
 
     first_by_variable: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
-        if op.variable is None:
-            continue
-        j = first_by_variable.setdefault(op.variable, i)
-        parent[find(i)] = find(j)
+        for variable in filter(None, (op.variable, *op.other_variables)):
+            j = first_by_variable.setdefault(variable, i)
+            parent[find(i)] = find(j)
     roots = np.array([find(i) for i in range(len(graph.ops))])
     _, vertex = np.unique(roots, return_inverse=True)
     return vertex

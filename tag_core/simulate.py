@@ -146,6 +146,7 @@ class Simulator:
         self.param_reads = np.flatnonzero(np.array([o.is_parameter for o in graph.ops]) & (self.op_var >= 0))
         self.param_bytes = np.array([o.parameter_bytes for o in graph.ops], dtype=np.float64)
         self.apply_owner = _apply_owner(graph, var_index, self.op_var, self.is_apply, self.order)
+        self.ps_class = _ps_classes(graph, var_index)
         # Gradient sync: trainable model variables whose gradient feeds the update.
         sync_vars, grad_ops, consumers = [], [], []
         e_sync_var = np.full(len(self.e_src), -1, dtype=np.int64)
@@ -394,3 +395,22 @@ def _apply_owner(graph: OpGraph, var_index: dict[str, int], op_var: np.ndarray, 
                 if len(found) == 1:
                     owner[i] = found.pop()
     return owner
+
+
+def _ps_classes(graph: OpGraph, var_index: dict[str, int]) -> np.ndarray:
+    """Per variable, the class that must share one PS: variables an op takes together (an LSTM loop's
+    kernels) are read on one device, so a PS group places them on the same one."""
+    parent = np.arange(len(graph.variables))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i] = parent[parent[i]]
+        return int(i)
+
+    for op in graph.ops:
+        if op.other_variables and op.variable in var_index:
+            root = find(var_index[op.variable])
+            for name in op.other_variables:
+                if name in var_index:
+                    parent[find(var_index[name])] = root
+    return np.array([find(i) for i in range(len(parent))], dtype=np.int64)

@@ -100,13 +100,14 @@ def place(ctx, s: Strategy) -> Placement:
         single[ops] = chosen
         kind[ops] = SINGLE
 
-    # PS: each variable's update runs on one PS, round-robin over the group's devices.
+    # PS: each variable's update runs on one PS, round-robin over the group's devices (variables one op
+    # takes together share theirs).
     for g in np.flatnonzero(opt == 1):
         devs = np.flatnonzero(active[g])
         ops = np.flatnonzero((g_of == g) & (ctx.apply_owner >= 0))
         if len(ops) == 0:
             continue
-        owners, rank = np.unique(ctx.apply_owner[ops], return_inverse=True)
+        _, rank = np.unique(ctx.ps_class[ctx.apply_owner[ops]], return_inverse=True)
         single[ops] = devs[rank % len(devs)]
         kind[ops] = SINGLE
     sfb_full = _sfb_placements(ctx, s, op_opt, kind, single)

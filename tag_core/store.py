@@ -30,7 +30,10 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS ops (
         model TEXT NOT NULL, idx INTEGER NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL,
         output_bytes BIGINT, flops BIGINT, parameter_bytes BIGINT, is_parameter BOOLEAN, is_gradient BOOLEAN,
-        is_apply BOOLEAN, is_input BOOLEAN, batch_scaled BOOLEAN, variable TEXT, PRIMARY KEY (model, idx))""",
+        is_apply BOOLEAN, is_input BOOLEAN, batch_scaled BOOLEAN, variable TEXT, other_variables JSON,
+        PRIMARY KEY (model, idx))""",
+    # Databases made before other_variables existed gain it (their rows read as none).
+    "ALTER TABLE ops ADD COLUMN IF NOT EXISTS other_variables JSON",
     """CREATE TABLE IF NOT EXISTS edges (
         model TEXT NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL, bytes BIGINT, batch BOOLEAN, tensor TEXT)""",
     """CREATE TABLE IF NOT EXISTS variables (
@@ -164,6 +167,7 @@ def transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConn
 
 def save_op_graph(conn, graph: OpGraph, source_hash: str | None, graph_file: str | None, step_file: str | None) -> None:
     ops = pd.DataFrame([asdict(op) for op in graph.ops])
+    ops["other_variables"] = ops["other_variables"].map(lambda names: json.dumps(list(names)))
     ops.insert(0, "idx", range(len(ops)))
     ops.insert(0, "model", graph.model)
     edges = pd.DataFrame([asdict(e) for e in graph.edges], columns=["src", "dst", "bytes", "batch", "tensor"])
@@ -177,7 +181,7 @@ def save_op_graph(conn, graph: OpGraph, source_hash: str | None, graph_file: str
         conn.register("new_ops", ops)
         conn.execute(
             "INSERT INTO ops SELECT model, idx, name, type, output_bytes, flops, parameter_bytes, is_parameter, "
-            "is_gradient, is_apply, is_input, batch_scaled, variable FROM new_ops"
+            "is_gradient, is_apply, is_input, batch_scaled, variable, other_variables FROM new_ops"
         )
         conn.register("new_edges", edges)
         conn.execute("INSERT INTO edges SELECT model, src, dst, bytes, batch, tensor FROM new_edges")
@@ -213,9 +217,12 @@ def load_op_graph(conn, model: str) -> OpGraph:
     record = captured_model(conn, model)
     if record is None:
         raise TagInputError("model", f"{model!r} has not been captured; run `tag capture {model}` first")
+    # A read-only connection to a database from before other_variables does not gain the column.
+    has_others = conn.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'ops' "
+                              "AND column_name = 'other_variables'").fetchone()[0]
     op_rows = conn.execute(
         "SELECT name, type, output_bytes, flops, parameter_bytes, is_parameter, is_gradient, is_apply, is_input, "
-        "batch_scaled, variable FROM ops WHERE model = ? ORDER BY idx",
+        f"batch_scaled, variable, {'other_variables' if has_others else 'NULL'} FROM ops WHERE model = ? ORDER BY idx",
         [model],
     ).fetchall()
     edge_rows = conn.execute(
@@ -228,7 +235,7 @@ def load_op_graph(conn, model: str) -> OpGraph:
     return OpGraph(
         model=model,
         batch_size=record["batch_size"],
-        ops=[Op(*row) for row in op_rows],
+        ops=[Op(*row[:-1], other_variables=tuple(json.loads(row[-1])) if row[-1] else ()) for row in op_rows],
         edges=[Edge(*row) for row in edge_rows],
         variables=[
             Variable(name, tuple(json.loads(shape)), dtype, size, trainable, owner, gradient)

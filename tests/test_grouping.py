@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tag_core import store
 from tag_core.errors import TagInputError
 from tag_core.graph import Edge, Op, OpGraph, capture
 from tag_core.grouping import group_ops
@@ -87,3 +88,22 @@ def test_metis_notes_stay_off_stdout(capfd, monkeypatch):
     loud = group_ops(skewed, times, 60, seed=0)
     assert "too many parts" in capfd.readouterr().out  # the case does make METIS talk
     assert np.array_equal(quiet.assignment, loud.assignment)
+
+
+def test_a_loop_over_several_variables_stays_with_all_of_them(tmp_path):
+    """An LSTM's forward loop takes the handles of its kernel, recurrent kernel and bias: a plan that put
+    them on different devices could not be emitted, so grouping keeps every op touching them together."""
+    path = tmp_path / "rnn.py"
+    path.write_text("import keras\n\ndef lstm():\n    return keras.Sequential([keras.Input((5, 3)), "
+                    "keras.layers.LSTM(8), keras.layers.Dense(4, activation='softmax')])\n")
+    graph = capture(resolve_model(f"{path}:lstm", batch_size=4)).graph
+    loop = next(op for op in graph.ops if op.type == "While" and op.other_variables)
+    together = {loop.variable, *loop.other_variables}
+    assert len(together) == 3
+    with store.connect(tmp_path / "tag.duckdb") as conn:  # the field survives the database
+        store.save_op_graph(conn, graph, None, None, None)
+        assert store.load_op_graph(conn, graph.model).ops == graph.ops
+    groups = group_ops(graph, op_times(graph), num_groups=60, seed=0)
+    touching = {groups.assignment[i] for i, op in enumerate(graph.ops)
+                if together & {op.variable, *op.other_variables}}
+    assert touching == {groups.assignment[graph.index[loop.name]]}
