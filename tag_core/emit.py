@@ -18,7 +18,6 @@ The folder is written beside its destination and renamed into place: it is never
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from .emit_files import write_emission
 from .emit_graph import EmittedGraph, GraphBuilder
 from .emit_place import OpPlacements, device_names, place_ops
 from .errors import TagInputError
+from .files import read_json
 from .graph import OpGraph, build_op_graph
 from .models import ModelSpec
 from .strategy import OPTIONS, Strategy
@@ -219,10 +219,7 @@ def read_plan(path: str | Path) -> tuple[dict[str, Any], Strategy]:
     path = Path(path)
     if not path.is_file():
         raise TagInputError("--plan", f"{path} does not exist")
-    try:
-        plan = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise TagInputError("--plan", f"{path} is not valid JSON: {exc}") from None
+    plan = read_json(path, "--plan")
     if not isinstance(plan, dict):
         raise TagInputError("--plan", f"{path} must hold a JSON object")
     try:

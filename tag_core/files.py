@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import TagInputError
 
@@ -37,3 +39,23 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _not_json(token: str):
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def read_json(path: str | Path, where: str) -> Any:
+    """A user's JSON file; unreadable, not UTF-8, not JSON (NaN included) or nested past Python's
+    recursion limit are TagInputErrors naming `where` and the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_not_json)
+    except OSError as exc:
+        raise TagInputError(where, f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TagInputError(where, f"{path} is not UTF-8 text") from None
+    except ValueError as exc:  # JSONDecodeError is one
+        raise TagInputError(where, f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise TagInputError(where, f"{path} is not valid JSON: nested too deeply") from None

@@ -236,6 +236,8 @@ class Strategy:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TagInputError("strategy", f"not valid JSON: {exc}") from None
+        except RecursionError:
+            raise TagInputError("strategy", "not valid JSON: nested too deeply") from None
         return cls.from_dict(data)
 
     def check_machines(self, names: list[str], topology: str) -> None:

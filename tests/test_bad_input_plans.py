@@ -73,6 +73,17 @@ COMMANDS = ["simulate", "sfb", "emit", "plan"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("text, fragment", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                                            ('{"op_groups": NaN}', "NaN is not valid JSON"),
+                                            (b"\xff\xfe{}", "is not UTF-8 text")])
+def test_files_that_are_not_json_name_the_argument(tmp_path, capsys, tag_home, command, text, fragment):
+    file = tmp_path / "bad.json"
+    file.write_bytes(text if isinstance(text, bytes) else text.encode())
+    argument = {"simulate": "--strategy", "sfb": "--plan", "emit": "--plan", "plan": "--warm-start"}[command]
+    _refused_before_anything(tmp_path, capsys, command, file, f"{argument}: ", fragment)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("extra", ["abc", [1, 2]])
 def test_extra_must_be_an_object(tmp_path, capsys, tag_home, command, extra):
     file = _write(tmp_path, _plan(extra=extra))

@@ -56,13 +56,12 @@ def _fusion(args, model: str):
         return None
     given = None
     if args.fusion != "stored":
-        import json
+        from ..files import read_json
 
         path = input_file(args.fusion, "--fusion")
+        data = read_json(path, "--fusion")
         try:
-            given = FusionPlan.from_json(json.loads(path.read_text()))
-        except json.JSONDecodeError as exc:
-            raise TagInputError("--fusion", f"{path} is not valid JSON: {exc}") from None
+            given = FusionPlan.from_json(data)
         except TagInputError as exc:
             raise TagInputError(f"--fusion {path}: {exc.where}", exc.problem) from None
         if given.model != model:

@@ -120,13 +120,11 @@ def run(args) -> int:
 def _read_plan(path: str) -> dict:
     """The warm-start plan, its strategy checked before anything slow runs."""
     from ..errors import TagInputError
+    from ..files import read_json
     from ..strategy import Strategy
 
     source = input_file(path, "--warm-start")
-    try:
-        data = json.loads(source.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TagInputError("--warm-start", f"{path} is not valid JSON: {exc}") from None
+    data = read_json(source, "--warm-start")
     try:
         Strategy.from_dict(data)
     except TagInputError as exc:

@@ -40,21 +40,16 @@ def read_strategy_file(text: str, argument: str = "--strategy"):
 
 def read_plan_file(text: str, argument: str = "--strategy"):
     """(the file's JSON, its strategy) for a strategy or plan file; errors name `argument`."""
-    import json
-
     from ..errors import TagInputError
+    from ..files import read_json
     from ..strategy import Strategy
 
     path = input_file(text, argument)
+    data = read_json(path, argument)
     try:
-        data = json.loads(path.read_text())
         return data, Strategy.from_dict(data)
-    except json.JSONDecodeError as exc:
-        raise TagInputError(argument, f"{text} is not valid JSON: {exc}") from None
     except TagInputError as exc:
         raise TagInputError(f"{argument} {text}: {exc.where}", exc.problem) from None
-    except UnicodeDecodeError:
-        raise TagInputError(argument, f"{text} is not a text file") from None
 
 
 def run(args) -> int:
