@@ -120,6 +120,11 @@ def test_out_that_is_a_directory(tmp_path, capsys):
     assert list(out.iterdir()) == []
     with pytest.raises(TagInputError, match="^--out: .* is a directory"):  # as `tag plan --out DIR` calls it
         write_atomically(out, "{}\n", make_parents=False)
+    testbed = Path(__file__).resolve().parents[1] / "examples" / "topologies" / "testbed.json"
+    capsys.readouterr()
+    assert main(["--db", str(tmp_path / "p.duckdb"), "plan", "mlp", "--topology", str(testbed), "--out", str(out)]) == 2
+    assert "is a directory" in error_of(capsys, "--out")
+    assert not (tmp_path / "p.duckdb").exists()  # refused before any capture or search
 
 
 def test_report_out_that_is_a_file(tmp_path, capsys):

@@ -67,6 +67,7 @@ def run(args) -> int:
     if args.out:
         out_dir = Path(args.out).parent
         require(out_dir.is_dir(), "--out", f"directory {str(out_dir)!r} does not exist")
+        require(not Path(args.out).is_dir(), "--out", f"{args.out} is a directory")  # found before the search
     warm = _read_plan(args.warm_start) if args.warm_start else None
     if args.checkpoint and Path(args.checkpoint).is_dir():
         raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")
