@@ -74,6 +74,7 @@ def test_profiles_export_import(tag_home, tmp_path, capsys):
         (["capture", "{models}:absent"], "has no function 'absent'"),
         (["capture", "mlp", "--batch-size", "0"], "--batch-size: must be a positive integer"),
         (["profile", "mlp", "--batch-sizes", "2,-1"], "--batch-sizes: must be comma-separated positive integers"),
+        (["profile", "mlp", "--warmup", "-1"], "--warmup: must be a non-negative integer"),
         (["profile", "{models}:raises"], "raised RuntimeError"),
         (["profiles", "import", "{missing_csv}"], "cannot read the file"),
         (["profiles", "import", "{bad_csv}"], "time_us: must be a number"),

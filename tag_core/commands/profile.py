@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import open_store, positive_int, positive_int_list, print_json
+from ._common import non_negative_int, open_store, positive_int, positive_int_list, print_json
 
 
 def register(subparsers) -> None:
@@ -10,7 +10,7 @@ def register(subparsers) -> None:
     parser.add_argument("model", help="zoo name or path/to/file.py:function")
     parser.add_argument("--batch-sizes", type=positive_int_list, default=[1, 2, 4, 8], help="e.g. 1,2,4,8")
     parser.add_argument("--runs", type=positive_int, default=5, help="recorded runs per batch size (default 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="unrecorded warm-up runs (default 2)")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="unrecorded warm-up runs (default 2)")
     parser.add_argument("--batch-size", type=positive_int, help="batch size of the captured graph")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(run=run)
