@@ -32,7 +32,7 @@ from .errors import TagInputError
 from .files import read_json
 from .graph import OpGraph, build_op_graph
 from .models import ModelSpec
-from .strategy import OPTIONS, Strategy
+from .strategy import Strategy
 from .topology import Topology
 from .trace import TracedStep
 
@@ -84,12 +84,8 @@ class Emission:
 def resolve_strategy(text: str, graph: OpGraph, topology: Topology, batch_size: int, profiles=None) -> Strategy:
     """A baseline (dp-nccl, dp-nccl-p, horovod, single), an option applied to every op on every
     device (allreduce, ps, duplicate, model_parallel), or a strategy/plan JSON file."""
-    from .simulate import Simulator
-
-    option = text.lower().replace("-", "_")
-    if option in OPTIONS:
-        return Strategy.uniform(len(graph.ops), topology.num_machines, topology.num_devices, option, name=option)
     from .commands.simulate import load_strategy
+    from .simulate import Simulator
 
     return load_strategy(text, Simulator(graph, topology, profiles, batch_size=batch_size))
 

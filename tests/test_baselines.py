@@ -120,9 +120,14 @@ def test_tag_simulate_cli(tmp_path, tag_home, capsys):
     assert main(["simulate", "mlp", "--topology", str(topo), "--strategy", str(plan), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["iteration_time_s"] == pytest.approx(data["iteration_time_s"])
+    # One option for every op, as `tag emit --strategy` takes it: PS everywhere pushes to parameter servers.
+    assert main(["simulate", "mlp", "--topology", str(topo), "--strategy", "ps", "--json"]) == 0
+    ps = json.loads(capsys.readouterr().out)
+    assert ps["strategy"] == "ps" and ps["comm_s"]["allreduce"] == 0 and ps["iteration_time_s"] > 0
     # Bad input: exit code 2 with the field named.
     plan.write_text(json.dumps({"groups": [{"mask": [1], "option": "allreduce"}], "batch_shares": [1.0], "num_ops": 3}))
     assert main(["simulate", "mlp", "--topology", str(topo), "--strategy", str(plan)]) == 2
     assert "op_groups" in capsys.readouterr().err
     assert main(["simulate", "mlp", "--topology", str(topo), "--strategy", "nope"]) == 2
-    assert "unknown baseline" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown baseline" in err and "model_parallel" in err

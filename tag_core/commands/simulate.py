@@ -12,7 +12,8 @@ def register(subparsers) -> None:
     parser.add_argument("model", help="zoo name or path/to/file.py:function (captured first if needed)")
     parser.add_argument("--topology", required=True, help="topology snapshot JSON")
     parser.add_argument("--strategy", required=True,
-                        help="a baseline (dp-nccl, dp-nccl-p, horovod, single) or a strategy/plan .json file")
+                        help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for every op "
+                             "(allreduce, ps, duplicate, model_parallel), or a strategy/plan .json file")
     parser.add_argument("--batch-size", type=positive_int, help="global batch to simulate (default: the model's)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--timeline", metavar="FILE",
@@ -21,12 +22,33 @@ def register(subparsers) -> None:
 
 
 def load_strategy(text: str, sim):
-    """A baseline name, or a JSON file holding a strategy (or a plan that embeds one)."""
+    """A baseline name, an option applied to every op on every device (allreduce, ps, duplicate,
+    model_parallel), or a JSON file holding a strategy (or a plan that embeds one)."""
     from ..baselines import baseline
+    from ..strategy import Strategy
 
     if is_strategy_file(text):
         return read_strategy_file(text)
+    if check_strategy_name(text) == "option":
+        option = text.lower().replace("-", "_")
+        return Strategy.uniform(sim.n, sim.topology.num_machines, sim.num_devices, option, name=option)
     return baseline(text, sim)
+
+
+def check_strategy_name(text: str) -> str:
+    """"baseline" or "option" for a strategy given by name; TagInputError naming both lists otherwise."""
+    from ..baselines import BASELINES, baseline_name
+    from ..errors import TagInputError
+    from ..strategy import OPTIONS
+
+    if text.lower().replace("-", "_") in OPTIONS:
+        return "option"
+    try:
+        baseline_name(text, "--strategy")
+    except TagInputError:
+        raise TagInputError("--strategy", f"unknown baseline {text!r}; known: {', '.join(BASELINES)}, or one option "
+                                          f"for every op: {', '.join(OPTIONS)} (or a strategy/plan .json file)") from None
+    return "baseline"
 
 
 def is_strategy_file(text: str) -> bool:
@@ -53,7 +75,6 @@ def read_plan_file(text: str, argument: str = "--strategy"):
 
 
 def run(args) -> int:
-    from ..baselines import baseline, baseline_name
     from ..models import resolve_model
     from ..simulate import Simulator
     from ..timeline import check_timeline_path
@@ -68,13 +89,13 @@ def run(args) -> int:
     if plan is not None:
         check_plan(plan, strategy, spec.name, topology, f"--strategy {args.strategy}")
     else:
-        baseline_name(args.strategy, "--strategy")
+        check_strategy_name(args.strategy)
     graph, profiles = captured_with_profiles(args, spec)
     sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
     if plan is not None:
         check_plan(plan, strategy, spec.name, topology, f"--strategy {args.strategy}", len(graph.ops))
     else:
-        strategy = baseline(args.strategy, sim)
+        strategy = load_strategy(args.strategy, sim)
     result = sim.run(strategy, timeline=bool(args.timeline))
     if args.timeline:
         from ..timeline import save_timeline
