@@ -4,7 +4,9 @@ Vertices are ops weighted by compute time; edges are tensors weighted by
 bytes, so cuts fall on thin tensors and groups carry similar work. Ops that
 touch the same variable (its read and its update, or a loop over several
 variables) are contracted into one vertex first: a variable must live with
-the ops that use it.
+the ops that use it. So are a loop and its gradient loop, and the two ends of
+a tensor of unknown size (a TensorList): the emitter can neither split nor
+combine those across placements.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ class OpGroups:
         return cls(np.asarray(data["assignment"], dtype=np.int64), np.asarray(data["group_time_us"], dtype=float), int(data["seed"]))
 
 
+LOOP_TYPES = ("While", "StatelessWhile")
+
+
 def _contract(graph: OpGraph) -> np.ndarray:
-    """Op -> vertex, merging ops that touch the same variable."""
+    """Op -> vertex, merging ops that touch the same variable or share a tensor no placement may cut."""
     parent = np.arange(len(graph.ops))
 
     def find(i: int) -> int:
@@ -67,6 +72,12 @@ def _contract(graph: OpGraph) -> np.ndarray:
         for variable in filter(None, (op.variable, *op.other_variables)):
             j = first_by_variable.setdefault(variable, i)
             parent[find(i)] = find(j)
+    # Tensors the emitter cannot split over replicas or combine from them stay inside one group: those
+    # whose size capture could not see (TensorLists, handles) and whatever a loop hands its gradient loop.
+    for e in graph.edges:
+        loops = graph.ops[e.src].type in LOOP_TYPES and graph.ops[e.dst].type in LOOP_TYPES
+        if e.tensor and (e.bytes == 0 or loops):
+            parent[find(e.src)] = find(e.dst)
     roots = np.array([find(i) for i in range(len(graph.ops))])
     _, vertex = np.unique(roots, return_inverse=True)
     return vertex

@@ -107,3 +107,8 @@ def test_a_loop_over_several_variables_stays_with_all_of_them(tmp_path):
     touching = {groups.assignment[i] for i, op in enumerate(graph.ops)
                 if together & {op.variable, *op.other_variables}}
     assert touching == {groups.assignment[graph.index[loop.name]]}
+    # The loop hands its gradient loop TensorLists (size unknown to capture): no placement may cut those.
+    uncut = [e for e in graph.edges if e.tensor and e.bytes == 0]
+    assert uncut and all(groups.assignment[e.src] == groups.assignment[e.dst] for e in uncut)
+    gradient_loop = next(op for op in graph.ops if op.type in ("While", "StatelessWhile") and op is not loop)
+    assert groups.assignment[graph.index[gradient_loop.name]] == groups.assignment[graph.index[loop.name]]

@@ -262,9 +262,11 @@ def bn_model(user_models):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("builder, option", [("dropout_mlp", "allreduce"), ("lstm", "allreduce"),
-                                             ("lstm", "ps")])  # the loop's kernels on one PS, not round-robin
+                                             ("lstm", "ps"),  # the loop's kernels on one PS, not round-robin
+                                             ("lstm", "mixed")])  # the loops and their tensors in one group
 def test_dropout_and_loops_match_the_single_device_step(tmp_path, user_models, builder, option):
-    emission = emit(resolve_model(f"{user_models}:{builder}", BATCH), TWO_BY_TWO, one_option(option), "cpu")
+    strategy = mixed if option == "mixed" else one_option(option)
+    emission = emit(resolve_model(f"{user_models}:{builder}", BATCH), TWO_BY_TWO, strategy, "cpu")
     assert not emission.emitted.stat_ops  # neither computes batch statistics
     out = write_emission(emission, tmp_path / "emitted")
     lines: list[str] = []
