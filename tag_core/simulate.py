@@ -251,7 +251,7 @@ class Simulator:
             peak_memory_bytes=peak_d,
             memory_capacity_bytes=self.capacity.copy(),
             busy_s=busy[of],
-            idle_s=T - busy[of],
+            idle_s=np.maximum(T - busy[of], 0.0),  # a device busy all step: rounding would show -0
             op_start_s=op_start,
             op_end_s=op_end,
             op_idle_after_s=op_idle,

@@ -274,3 +274,13 @@ def test_a_misleading_prior_still_gets_the_best_uniform_plan():
     best_uniform = min(s.time_s for s in uniform_times.values() if not s.oom)
     assert guided.tag.time_s <= best_uniform + 1e-12
     assert guided.tag.simulations >= len(uniform_times)
+
+
+def test_a_plan_file_is_simulated_at_its_own_batch(planned, capsys):
+    _, db, topo, out, _ = planned
+    plan = json.loads(out.read_text())
+    capsys.readouterr()
+    assert main(["--db", str(db), "simulate", MODEL, "--topology", str(topo), "--strategy", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["batch_size"] == plan["batch_size"] == 8  # not the model's default
+    assert data["iteration_time_s"] == pytest.approx(plan["tag"]["iteration_time_s"])

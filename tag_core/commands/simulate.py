@@ -14,7 +14,8 @@ def register(subparsers) -> None:
     parser.add_argument("--strategy", required=True,
                         help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for every op "
                              "(allreduce, ps, duplicate, model_parallel), or a strategy/plan .json file")
-    parser.add_argument("--batch-size", type=positive_int, help="global batch to simulate (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int,
+                        help="global batch to simulate (default: the plan's, else the model's)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--timeline", metavar="FILE",
                         help="write a Gantt chart of the iteration to this file (.png, .svg, .pdf, ...)")
@@ -91,7 +92,8 @@ def run(args) -> int:
     else:
         check_strategy_name(args.strategy)
     graph, profiles = captured_with_profiles(args, spec)
-    sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
+    batch = args.batch_size or (plan or {}).get("batch_size")  # a plan is simulated at its own batch by default
+    sim = Simulator(graph, topology, profiles, batch_size=batch)
     if plan is not None:
         check_plan(plan, strategy, spec.name, topology, f"--strategy {args.strategy}", len(graph.ops))
     else:
