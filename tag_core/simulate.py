@@ -404,7 +404,8 @@ def _ps_classes(graph: OpGraph, var_index: dict[str, int]) -> np.ndarray:
 
     def find(i: int) -> int:
         while parent[i] != i:
-            i = parent[i] = parent[parent[i]]
+            parent[i] = parent[parent[i]]
+            i = parent[i]
         return int(i)
 
     for op in graph.ops:

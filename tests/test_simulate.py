@@ -291,3 +291,15 @@ def test_zoo_models_simulate_on_the_example_testbed(tmp_path):
         assert 0 < r.iteration_time_s < 10 and not r.oom
         assert np.all(r.op_end_s >= r.op_start_s)
         assert np.all(r.busy_s <= r.iteration_time_s + 1e-12)
+
+
+def test_variables_an_op_takes_together_share_a_ps_class():
+    from tag_core.graph import Op, OpGraph, Variable
+    from tag_core.simulate import _ps_classes
+
+    variables = [Variable(f"v{i}", (2,), "float32", 8, True, "model", None) for i in range(5)]
+    loops = [Op("a", "While", 0, 0, variable="v0", other_variables=("v1",)),
+             Op("b", "While", 0, 0, variable="v2", other_variables=("v3",)),
+             Op("c", "While", 0, 0, variable="v3", other_variables=("v1",))]  # joins the first two
+    classes = _ps_classes(OpGraph("m", 1, loops, [], variables), {v.name: i for i, v in enumerate(variables)})
+    assert len(set(classes[:4])) == 1 and classes[4] not in classes[:4]
