@@ -11,8 +11,8 @@ from tag_core.cost import (
     transfer_time,
 )
 from tag_core.errors import TagInputError
-from tag_core.graph import Edge, Op, OpGraph
-from tag_core.simulate import Simulator, simulate
+from tag_core.graph import Edge, Op, OpGraph, Variable
+from tag_core.simulate import Simulator, _ps_classes, simulate
 from tag_core.strategy import Strategy
 
 V100 = "V100-32GB"
@@ -294,9 +294,6 @@ def test_zoo_models_simulate_on_the_example_testbed(tmp_path):
 
 
 def test_variables_an_op_takes_together_share_a_ps_class():
-    from tag_core.graph import Op, OpGraph, Variable
-    from tag_core.simulate import _ps_classes
-
     variables = [Variable(f"v{i}", (2,), "float32", 8, True, "model", None) for i in range(5)]
     loops = [Op("a", "While", 0, 0, variable="v0", other_variables=("v1",)),
              Op("b", "While", 0, 0, variable="v2", other_variables=("v3",)),
