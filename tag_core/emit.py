@@ -213,6 +213,8 @@ def _initial_values(step: TracedStep, keras_objects) -> dict[str, np.ndarray]:
 
 def read_plan(path: str | Path) -> tuple[dict[str, Any], Strategy]:
     path = Path(path)
+    if path.is_dir():
+        raise TagInputError("--plan", f"{path} is a directory, not a file")
     if not path.is_file():
         raise TagInputError("--plan", f"{path} does not exist")
     plan = read_json(path, "--plan")

@@ -41,7 +41,8 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
         raise
 
 
-def _not_json(token: str):
+def reject_json_constant(token: str):
+    """`parse_constant` for json.loads: Python's json takes NaN and Infinity, which are not JSON."""
     raise ValueError(f"{token} is not valid JSON")
 
 
@@ -50,7 +51,7 @@ def read_json(path: str | Path, where: str) -> Any:
     recursion limit are TagInputErrors naming `where` and the file."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_not_json)
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=reject_json_constant)
     except OSError as exc:
         raise TagInputError(where, f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

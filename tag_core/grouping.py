@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .disjoint_sets import DisjointSets
 from .errors import TagInputError
 from .graph import OpGraph
 
@@ -59,26 +60,18 @@ LOOP_TYPES = ("While", "StatelessWhile")
 
 def _contract(graph: OpGraph) -> np.ndarray:
     """Op -> vertex, merging ops that touch the same variable or share a tensor no placement may cut."""
-    parent = np.arange(len(graph.ops))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    sets = DisjointSets(len(graph.ops))
     first_by_variable: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
         for variable in filter(None, (op.variable, *op.other_variables)):
-            j = first_by_variable.setdefault(variable, i)
-            parent[find(i)] = find(j)
+            sets.union(i, first_by_variable.setdefault(variable, i))
     # Tensors the emitter cannot split over replicas or combine from them stay inside one group: those
     # whose size capture could not see (TensorLists, handles) and whatever a loop hands its gradient loop.
     for e in graph.edges:
         loops = graph.ops[e.src].type in LOOP_TYPES and graph.ops[e.dst].type in LOOP_TYPES
         if e.tensor and (e.bytes == 0 or loops):
-            parent[find(e.src)] = find(e.dst)
-    roots = np.array([find(i) for i in range(len(graph.ops))])
+            sets.union(e.src, e.dst)
+    roots = sets.roots()
     _, vertex = np.unique(roots, return_inverse=True)
     return vertex
 

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
+from .disjoint_sets import DisjointSets
 from .graph import OpGraph
 from .simulate_engine import Schedule, comm_totals, schedule
 from .simulate_expand import (
@@ -400,18 +401,10 @@ def _apply_owner(graph: OpGraph, var_index: dict[str, int], op_var: np.ndarray, 
 def _ps_classes(graph: OpGraph, var_index: dict[str, int]) -> np.ndarray:
     """Per variable, the class that must share one PS: variables an op takes together (an LSTM loop's
     kernels) are read on one device, so a PS group places them on the same one."""
-    parent = np.arange(len(graph.variables))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return int(i)
-
+    sets = DisjointSets(len(graph.variables))
     for op in graph.ops:
         if op.other_variables and op.variable in var_index:
-            root = find(var_index[op.variable])
             for name in op.other_variables:
                 if name in var_index:
-                    parent[find(var_index[name])] = root
-    return np.array([find(i) for i in range(len(parent))], dtype=np.int64)
+                    sets.union(var_index[name], var_index[op.variable])
+    return sets.roots()

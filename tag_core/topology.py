@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TagInputError
+from .files import reject_json_constant
 from .gpu_catalog import CATALOG, CATALOG_BY_LOWER, GpuType, is_catalog_entry, lookup_gpu
 
 
@@ -365,11 +366,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
-def _reject_constant(token: str) -> float:
-    # Python's json accepts NaN/Infinity, which are not JSON; refuse them at the parser.
-    raise ValueError(f"{token} is not valid JSON")
-
-
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a snapshot file; file-level errors name the file."""
     p = Path(path)
@@ -387,7 +383,7 @@ def topology_from_json(data: bytes | str, source: str) -> Topology:
     except UnicodeDecodeError as exc:
         raise TagInputError(source, f"cannot read topology file: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        parsed = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        parsed = json.loads(text, parse_constant=reject_json_constant, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError) as exc:
         raise TagInputError(source, f"not valid JSON: {exc}") from None
     except RecursionError:

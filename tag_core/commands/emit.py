@@ -114,7 +114,6 @@ def run(args) -> int:
     # A plan or strategy file is checked before the (slow) tracing, as simulate and sfb check theirs.
     plan, strategy, where = None, args.strategy, None
     if args.plan:
-        input_file(args.plan, "--plan")  # read_plan would call a directory missing
         plan, chosen = read_plan(args.plan)
         topology, checked, where = plan_topology(plan, topology), plan, f"--plan {args.plan}"
     elif is_strategy_file(args.strategy):
