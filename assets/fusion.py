@@ -47,6 +47,7 @@ def fusion_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: 
         "ops_fused": plan.ops_fused,
         "kernels_before": plan.kernels_before,
         "kernels_after": plan.kernels_after,
+        "compiled_regions": len(plan.regions),
         "estimated_saving_ms": plan.saved_s * 1e3,
         "reference_gpu": plan.reference_gpu,
     }
@@ -56,5 +57,5 @@ def fusion_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: 
             for mode, ms in plan.measured["step_ms"].items()
         )
         metadata["measured"] = MetadataValue.md("| mode | median step ms | kernels per step |\n|---|---:|---:|\n" + rows)
-    version = hashlib.sha256(json.dumps([graph.content_hash(), data["patterns"]]).encode()).hexdigest()[:16]
+    version = hashlib.sha256(json.dumps([graph.content_hash(), data["patterns"], data["regions"]]).encode()).hexdigest()[:16]
     return MaterializeResult(metadata=metadata, data_version=DataVersion(version))

@@ -151,14 +151,25 @@ def plan_json(emission: Emission, reference_meta: str, exact_values: bool,
             "placements": [p.describe(devices) for p in emission.placed.placements],
             "batch_statistics": statistics,
             "noise_partition": partition,
+            "rewrites_off": rewrites_off(emission),
         },
     }
+
+
+def rewrites_off(emission: Emission) -> list[str]:
+    """Grappler rewrites the session must turn off: those that would split compiled regions, if any."""
+    from .fusion_regions import REWRITES_OFF
+
+    return list(REWRITES_OFF) if (emission.fusion or {}).get("regions") else []
 
 
 def readme(emission: Emission) -> str:
     s = emission.summary()
     kind = "GPU" if emission.device_kind == "gpu" else "CPU"
     machines = "\n".join(f"  task {k}: {m.name} ({m.count} x {m.gpu.name})" for k, m in enumerate(emission.topology.machines))
+    off = rewrites_off(emission)
+    rewrites = (f",\n  and graph_options.rewrite_options {', '.join(off)} OFF (they would split the XLA regions)"
+                if off else "")
     return f"""TAG distributed training step for {s['model']} on {s['topology']} ({s['strategy']})
 Global batch {s['batch_size']}; {s['emitted_ops']} ops (the single-device step has {s['single_device_ops']}),
 {s['collectives']} collective ops. Devices are /job:worker/task:K/device:{kind}:i, one task per machine:
@@ -175,7 +186,7 @@ Run it on a real cluster:
   3. On machine 0:               tag run <this folder> --cluster cluster.json --task-index 0 --steps N
      Task 0 is the client: it feeds the whole batch and runs the steps (in-graph replication).
   Sessions use ConfigProto.experimental.collective_group_leader = /job:worker/replica:0/task:0 and
-  allow_soft_placement (ops without a GPU kernel stay on the host).
+  allow_soft_placement (ops without a GPU kernel stay on the host){rewrites}.
 
 From your own code (TF 2.x, v1 API):
   tf.compat.v1.import_graph_def(graph_def, name="")

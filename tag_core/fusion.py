@@ -78,6 +78,9 @@ class FusionPlan:
     saved_s: float  # estimated time saved per step on the reference GPU
     reference_gpu: str
     measured: dict = field(default_factory=dict)
+    # Ops XLA compiles as one program each, compute ops as library calls (fusion_regions.py); patterns inside a
+    # region are then fused by XLA within it. Only tuning proposes regions.
+    regions: list[list[str]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: dict) -> "FusionPlan":
@@ -90,11 +93,12 @@ class FusionPlan:
         for key in ("model", "patterns", "kernels_before", "kernels_after"):
             need(key in data, key, "missing field")
         need(isinstance(data["model"], str), "model", "must be a model name")
-        patterns = data["patterns"]
-        need(isinstance(patterns, list), "patterns", "must be a list of patterns, each a list of op names")
-        for k, pattern in enumerate(patterns):
-            need(isinstance(pattern, list) and bool(pattern) and all(isinstance(n, str) for n in pattern),
-                 f"patterns[{k}]", "must be a non-empty list of op names")
+        patterns, regions = data["patterns"], data.get("regions", [])
+        for key, groups in (("patterns", patterns), ("regions", regions)):
+            need(isinstance(groups, list), key, "must be a list, each entry a list of op names")
+            for k, group in enumerate(groups):
+                need(isinstance(group, list) and bool(group) and all(isinstance(n, str) for n in group),
+                     f"{key}[{k}]", "must be a non-empty list of op names")
         for key in ("kernels_before", "kernels_after"):
             need(isinstance(data[key], int) and not isinstance(data[key], bool) and data[key] >= 0, key,
                  "must be a non-negative integer")
@@ -103,7 +107,7 @@ class FusionPlan:
         need(isinstance(data.get("reference_gpu", ""), str), "reference_gpu", "must be a GPU name")
         need(isinstance(data.get("measured", {}), dict), "measured", "must be a JSON object")
         return cls(data["model"], patterns, data["kernels_before"], data["kernels_after"], saved,
-                   data.get("reference_gpu", ""), dict(data.get("measured", {})))
+                   data.get("reference_gpu", ""), dict(data.get("measured", {})), regions)
 
     @property
     def ops_fused(self) -> int:
@@ -118,6 +122,7 @@ class FusionPlan:
             "kernels_after": self.kernels_after,
             "estimated_saving_s": self.saved_s,
             "reference_gpu": self.reference_gpu,
+            "regions": self.regions,
             **({"measured": self.measured} if self.measured else {}),
         }
 
@@ -334,10 +339,18 @@ class _Context:
         return False
 
 
-def mark_for_xla(graph_def, plan: FusionPlan) -> int:
-    """Mark each pattern's nodes (and constants only they read) as one XLA cluster; returns nodes marked."""
+def scopes(plan: FusionPlan) -> dict[str, str]:
+    """op name -> XLA scope: `fusion_<k>` for pattern k, `region_<k>` for region k (which takes in the
+    patterns inside it)."""
     scope_of = {name: f"fusion_{k}" for k, pattern in enumerate(plan.patterns) for name in pattern}
-    return _mark_scopes(graph_def, scope_of)
+    scope_of.update({name: f"region_{k}" for k, region in enumerate(plan.regions) for name in region})
+    return scope_of
+
+
+def mark_for_xla(graph_def, plan: FusionPlan) -> int:
+    """Mark each pattern's and each region's nodes (and constants only they read) as one XLA cluster; returns
+    nodes marked."""
+    return _mark_scopes(graph_def, scopes(plan))
 
 
 EMITTED_COPY = re.compile(r"^tag/p(\d+)/([rg]\d+)/(.+)$")
@@ -350,20 +363,23 @@ def mark_emitted_for_xla(graph_def, plan: FusionPlan) -> dict:
     The emitter copies op `name` once per copy of its placement, as `tag/p<placement>/<r|g><k>/name`:
     each copy of a pattern on one device becomes its own cluster,
     `_XlaScope="fusion_<k>/p<placement>/<copy>/t<task>/<device>"` (an XLA cluster runs on one device, and
-    different scopes never merge). Returns what was marked.
+    different scopes never merge). A region's ops on one device are one cluster whatever their placement,
+    `region_<k>/t<task>/<device>`. Returns what was marked.
     """
-    pattern_of = {name: k for k, pattern in enumerate(plan.patterns) for name in pattern}
+    scope_of_op = scopes(plan)
     scope_of: dict[str, str] = {}
     for node in graph_def.node:
         match = EMITTED_COPY.match(node.name)
-        if match is None or match.group(3) not in pattern_of:
+        if match is None or match.group(3) not in scope_of_op:
             continue
-        scope = f"fusion_{pattern_of[match.group(3)]}/p{match.group(1)}/{match.group(2)}"
+        scope = scope_of_op[match.group(3)]
+        if not (scope.startswith("region_") and node.device):
+            scope = f"{scope}/p{match.group(1)}/{match.group(2)}"
         scope_of[node.name] = f"{scope}/{_short_device(node.device)}" if node.device else scope
     fused = {scope for scope in scope_of.values()}
     marked = _mark_scopes(graph_def, scope_of)
-    return {"patterns": len(plan.patterns), "ops_fused": plan.ops_fused, "clusters": len(fused),
-            "nodes_marked": marked}
+    return {"patterns": len(plan.patterns), "ops_fused": plan.ops_fused, "regions": len(plan.regions),
+            "clusters": len(fused), "nodes_marked": marked}
 
 
 def _short_device(device: str) -> str:

@@ -75,18 +75,21 @@ def _session_runner(mode: str, spec, step, plan_file: str, auto_jit: bool = Fals
     import tensorflow as tf
 
     from .fusion import FusionPlan, mark_for_xla
+    from .fusion_regions import session_config
     from .profile import initialise_randomly
     from .trace import synthetic_batch
 
     graph_def = tf.compat.v1.GraphDef()
     graph_def.CopyFrom(step.graph_def)
+    plan = None
     if mode == "tag":
         with open(plan_file) as handle:
-            mark_for_xla(graph_def, FusionPlan.from_json(json.load(handle)))
+            plan = FusionPlan.from_json(json.load(handle))
+        mark_for_xla(graph_def, plan)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-    config = tf.compat.v1.ConfigProto()
+    config = session_config(plan)
     if auto_jit:
         config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_2
     session = tf.compat.v1.Session(graph=graph, config=config)

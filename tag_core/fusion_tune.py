@@ -16,7 +16,8 @@ beside other work; the cluster adds executor ops), so `check_step` then times
 the whole step with the kept patterns against the plain step, alternating in
 one process (a step of each in turn, in shuffled order, for at least
 `STEP_CHECK_S` of steps each), and also with only the half and the quarter of
-them that saved most. The fastest is kept if it beats the plain step by `STEP_MARGIN`;
+them that saved most, and with the compiled regions tuning proposed
+(`fusion_regions.py`). The fastest is kept if it beats the plain step by `STEP_MARGIN`;
 otherwise the plan is emptied, which is the plain step. A tuned plan is
 therefore never slower than no XLA beyond the noise of that comparison.
 """
@@ -42,12 +43,19 @@ STEP_GAP_S = 0.02  # pause before each timed step: thread pools spin after a ste
 
 
 def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool = False,
-              values=None) -> FusionPlan:
+              values=None, regions: bool = True) -> FusionPlan:
     """Keep the patterns whose XLA cluster wins. `values(tensor names)` gives real values of the step's
     non-floating tensors (see `step_values`); without it they are zeros. A pattern that cannot be cut out
-    and timed alone (an unknown shape, or its micro-graph fails to run) is dropped: unfused is never slower."""
+    and timed alone (an unknown shape, or its micro-graph fails to run) is dropped: unfused is never slower.
+
+    With `regions`, each compute op is also timed alone, as a TF kernel and as an XLA library call, and the
+    plan proposes compiled regions (`fusion_regions.compiled_regions`) of everything else; `check_step`
+    decides whether they stay."""
     import tensorflow as tf
     from tqdm import tqdm
+
+    from .fusion import classify
+    from .fusion_regions import LIBRARY_SLOWDOWN, compiled_regions
 
     graph = tf.Graph()
     with graph.as_default():
@@ -55,6 +63,9 @@ def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool
     micros = {}
     for k, pattern in enumerate(plan.patterns):
         micros[k] = _micro_graph(graph, pattern)
+    compute = [node.name for node in graph_def.node if classify(node.op) == "compute"] if regions else []
+    for name in compute:
+        micros[name] = _micro_graph(graph, [name])
     if values is not None:
         wanted = sorted({name for micro in micros.values() if micro is not None for name in micro.exact})
         real = values(wanted) if wanted else {}
@@ -66,20 +77,11 @@ def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool
     timings: dict[tuple, tuple[float, float] | None] = {}
     kept, dropped, untimed, saving_us = [], 0, 0, []
     for k, pattern in enumerate(tqdm(plan.patterns, desc="tune fusion", unit="pattern", disable=not progress)):
-        micro = micros[k]
-        if micro is None or any(p not in micro.feeds for p in micro.exact.values()):
+        timing = _timing(micros[k], runs, timings)
+        if timing is None:
             untimed += 1
             continue
-        signature = (micro.signature, tuple(_digest(micro.feeds[p]) for p in sorted(micro.exact.values())))
-        if signature not in timings:
-            try:
-                timings[signature] = _time_both(micro, runs)
-            except tf.errors.OpError:
-                timings[signature] = None
-        if timings[signature] is None:
-            untimed += 1
-            continue
-        plain, fused = timings[signature]
+        plain, fused = timing
         if wins(plain, fused):
             kept.append(pattern)
             saving_us.append(round((plain - fused) * 1e6, 2))
@@ -90,54 +92,89 @@ def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool
     measured = dict(plan.measured, tuned_patterns_kept=len(kept), tuned_patterns_dropped=dropped,
                     tuned_patterns_untimed=untimed, tuned_signatures=len(timings),
                     tuned_saving_ms=round(sum(won) * 1e3, 4), pattern_saving_us=saving_us)
+    outside = set()
+    for name in tqdm(compute, desc="time library calls", unit="op", disable=not progress):
+        timing = _timing(micros[name], runs, timings)
+        if timing is None or timing[1] > LIBRARY_SLOWDOWN * timing[0]:
+            outside.add(name)
+    if compute:
+        measured.update(library_calls_timed=len(compute), library_calls_outside=len(outside))
     return replace(
         plan,
         patterns=kept,
         kernels_after=plan.kernels_before - fused_ops + len(kept),
         measured=measured,
+        regions=compiled_regions(graph_def, outside) if compute else [],
     )
+
+
+def _timing(micro, runs: int, timings: dict) -> tuple[float, float] | None:
+    """(plain, XLA) median seconds of a micro-graph, or None if it cannot run; memoised by signature."""
+    import tensorflow as tf
+
+    if micro is None or any(p not in micro.feeds for p in micro.exact.values()):
+        return None
+    signature = (micro.signature, tuple(_digest(micro.feeds[p]) for p in sorted(micro.exact.values())))
+    if signature not in timings:
+        try:
+            timings[signature] = _time_both(micro, runs)
+        except tf.errors.OpError:
+            timings[signature] = None
+    return timings[signature]
 
 
 def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, seconds: float = STEP_CHECK_S,
                progress: bool = False) -> FusionPlan:
-    """Keep the variant of a tuned plan (all its patterns, the half or the quarter that saved most) that makes
-    the whole step fastest, if it beats the plain step by `margin`; else no patterns."""
+    """Keep the variant of a tuned plan that makes the whole step fastest, if it beats the plain step by
+    `margin`; else no patterns and no regions. Variants: all the tuned patterns, the half or the quarter that
+    saved most, each as clusters of their own; and, when tuning proposed them, the regions."""
     import tensorflow as tf
 
     from .fusion import mark_for_xla
+    from .fusion_regions import session_config
     from .profile import initialise_randomly
     from .trace import synthetic_batch
 
-    if not plan.patterns:
+    if not plan.patterns and not plan.regions:
         return plan
     saving = plan.measured.get("pattern_saving_us") or [0.0] * len(plan.patterns)
     ranked = sorted(range(len(plan.patterns)), key=lambda k: -saving[k])
     sizes = sorted({len(ranked), len(ranked) // 2, len(ranked) // 4} - {0}, reverse=True)
-    variants = [sorted(ranked[:n]) for n in sizes]
+    variants = [replace(plan, patterns=[plan.patterns[k] for k in sorted(ranked[:n])], regions=[],
+                        measured=dict(plan.measured, pattern_saving_us=[saving[k] for k in sorted(ranked[:n])]))
+                for n in sizes]
+    if plan.regions:
+        variants.append(plan)
     feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
     fetches = [step.loss_tensor, step.train_ops]
-    sessions = []
-    for members in [None, *variants]:
+    sessions, failed = [], []
+    for variant in [None, *variants]:
         graph_def = tf.compat.v1.GraphDef()
         graph_def.CopyFrom(step.graph_def)
-        if members is not None:
-            mark_for_xla(graph_def, replace(plan, patterns=[plan.patterns[k] for k in members]))
+        if variant is not None:
+            mark_for_xla(graph_def, variant)
         graph = tf.Graph()
         with graph.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
-        session = tf.compat.v1.Session(graph=graph)
+        session = tf.compat.v1.Session(graph=graph, config=session_config(variant))
         initialise_randomly(session, step)
         sessions.append(session)
     try:
-        for session in sessions:  # compile, warm up
-            for _ in range(2):
-                start = time.perf_counter()
-                session.run(fetches, feed_dict=feed)
+        for k, session in enumerate(sessions):  # compile, warm up
+            try:
+                for _ in range(2):
+                    start = time.perf_counter()
+                    session.run(fetches, feed_dict=feed)
+            except tf.errors.OpError:
+                if k == 0:
+                    raise
+                failed.append(k)  # XLA could not compile this variant: it is not a candidate
         gap = min(STEP_GAP_S, time.perf_counter() - start)
         times: list[list[float]] = [[] for _ in sessions]
+        running = [k for k in range(len(sessions)) if k not in failed]
         rounds, rng = 0, np.random.default_rng(0)
-        while rounds < 6 or (rounds < STEP_CHECK_ROUNDS and min(sum(t) for t in times) < seconds):
-            for k in rng.permutation(len(sessions)):  # no variant always runs after the same one
+        while rounds < 6 or (rounds < STEP_CHECK_ROUNDS and min(sum(times[k]) for k in running) < seconds):
+            for k in rng.permutation(running):  # no variant always runs after the same one
                 time.sleep(gap)
                 start = time.perf_counter()
                 sessions[k].run(fetches, feed_dict=feed)
@@ -147,18 +184,19 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
         for session in sessions:
             session.close()
     plain = np.array(times[0])
-    ratios = [float(np.median(np.array(t) / plain)) for t in times[1:]]
+    ratios = [float(np.median(np.array(t) / plain)) if t else float("inf") for t in times[1:]]
     best = int(np.argmin(ratios))
-    chosen = variants[best] if ratios[best] <= 1.0 - margin else []
-    patterns = [plan.patterns[k] for k in chosen]
-    measured = dict(plan.measured, step_check={
+    chosen = variants[best] if ratios[best] <= 1.0 - margin else replace(plan, patterns=[], regions=[])
+    measured = dict(chosen.measured, step_check={
         "plain_ms": round(float(np.median(plain)) * 1e3, 3), "rounds": rounds,
-        "variants": [{"patterns": len(v), "ratio": round(r, 4)} for v, r in zip(variants, ratios)],
-        "kept_patterns": len(patterns)},
-        pattern_saving_us=[saving[k] for k in chosen])
-    fused_ops = sum(len(p) for p in patterns)
-    return replace(plan, patterns=patterns, kernels_after=plan.kernels_before - fused_ops + len(patterns),
-                   measured=measured)
+        "variants": [{"patterns": len(v.patterns), "regions": len(v.regions),
+                      **({"ratio": round(r, 4)} if np.isfinite(r) else {"failed": True})}
+                     for v, r in zip(variants, ratios)],
+        "kept_patterns": len(chosen.patterns), "kept_regions": len(chosen.regions)})
+    if not chosen.patterns:
+        measured["pattern_saving_us"] = []
+    fused_ops = sum(len(p) for p in chosen.patterns)
+    return replace(chosen, kernels_after=plan.kernels_before - fused_ops + len(chosen.patterns), measured=measured)
 
 
 def wins(plain_s: float, fused_s: float) -> bool:

@@ -103,6 +103,8 @@ class Distributed:
     def __init__(self, graph_def, meta: dict, target: str, soft: bool):
         import tensorflow as tf
 
+        from .fusion_regions import turn_off
+
         self.meta = meta
         self.graph = tf.Graph()
         with self.graph.as_default():
@@ -114,7 +116,8 @@ class Distributed:
                         tensor = tf.raw_ops.ReadVariableOp(resource=self.graph.get_tensor_by_name(handle + ":0"),
                                                            dtype=tf.as_dtype(v["dtype"]))
                     self.reads.append((i, j, tensor))
-        self.session = tf.compat.v1.Session(target, graph=self.graph, config=_config(soft=soft))
+        config = turn_off(_config(soft=soft), meta.get("rewrites_off", []))  # compiled regions need them off
+        self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
 
     def initialise(self, values: list[np.ndarray], options) -> None:
         feed = dict(zip(self.meta["init_values"], values))

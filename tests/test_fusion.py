@@ -255,13 +255,21 @@ def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     assert all(p in planned.patterns for p in tuned.patterns)
     assert len(m["pattern_saving_us"]) == len(tuned.patterns)
     assert m["tuned_patterns_untimed"] < len(planned.patterns)  # variables and integer inputs are timed
+    # Every MatMul was timed as a library call; the regions hold all but those XLA ran over 2x slower.
+    matmuls = [op.name for op in captured.graph.ops if op.type == "MatMul"]
+    assert m["library_calls_timed"] == len(matmuls) and tuned.regions
+    in_regions = {n for region in tuned.regions for n in region}
+    assert m["library_calls_outside"] == len(set(matmuls) - in_regions)
     checked = check_step(tuned, captured.step, spec, seconds=0.2)
     assert all(p in tuned.patterns for p in checked.patterns)
     assert checked.kernels_after == checked.kernels_before - checked.ops_fused + len(checked.patterns)
-    if tuned.patterns:
-        check = checked.measured["step_check"]
-        assert check["rounds"] >= 6 and check["kept_patterns"] == len(checked.patterns)
-        assert checked.patterns == [] or min(v["ratio"] for v in check["variants"]) <= 1 - STEP_MARGIN
+    check = checked.measured["step_check"]
+    assert check["rounds"] >= 6 and check["kept_patterns"] == len(checked.patterns)
+    assert check["kept_regions"] == len(checked.regions) and checked.regions in ([], tuned.regions)
+    assert check["variants"][-1]["regions"] == len(tuned.regions)  # the regions were a candidate
+    ratios = [v.get("ratio", float("inf")) for v in check["variants"]]
+    kept = bool(checked.patterns or checked.regions)
+    assert kept == (min(ratios) <= 1 - STEP_MARGIN)
 
 
 @pytest.mark.timeout(600)

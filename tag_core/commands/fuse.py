@@ -49,9 +49,10 @@ def run(args) -> int:
         return 0
     check = plan.measured.get("step_check")
     if check:
-        tried = ", ".join(f"{v['patterns']} patterns x{v['ratio']:.3f}" for v in check["variants"])
+        tried = ", ".join(f"{_variant(v)} " + (f"x{v['ratio']:.3f}" if "ratio" in v else "failed to compile")
+                          for v in check["variants"])
         print(f"step check against the plain step ({check['plain_ms']:.1f} ms, {check['rounds']} rounds): {tried}; "
-              f"kept {check['kept_patterns']} patterns")
+              f"kept {_variant({'patterns': check['kept_patterns'], 'regions': check.get('kept_regions', 0)})}")
     print(f"{spec.name}: {len(plan.patterns)} patterns fuse {plan.ops_fused} ops; "
           f"kernels {plan.kernels_before} -> {plan.kernels_after} (planned); "
           f"estimated saving on {plan.reference_gpu}: {plan.saved_s * 1e3:.2f} ms/step")
@@ -59,6 +60,10 @@ def run(args) -> int:
         print(f"  fusion_{k}: {len(pattern)} ops, {pattern[0]} .. {pattern[-1]}")
     if len(plan.patterns) > 10:
         print(f"  ... {len(plan.patterns) - 10} more (use --json)")
+    if plan.regions:
+        print(f"compiled by XLA as {len(plan.regions)} region(s) of {sum(map(len, plan.regions))} ops, compute ops "
+              f"as library calls ({plan.measured.get('library_calls_outside', 0)} of "
+              f"{plan.measured.get('library_calls_timed', 0)} left out: XLA runs them over 2x slower)")
     if args.tune or args.measure:
         print("stored as this model's fusion plan (used by `tag plan --fusion` and `tag emit --fusion`)")
     if "step_ms" in plan.measured:
@@ -67,3 +72,7 @@ def run(args) -> int:
             kernels = plan.measured["kernels_per_step"][mode]
             print(f"  {mode:<12} {ms:9.2f} ms   {kernels if kernels is not None else '-':>6} kernels")
     return 0
+
+
+def _variant(v: dict) -> str:
+    return f"{v['patterns']} patterns" + (f" in {v['regions']} region(s)" if v.get("regions") else "")

@@ -1,0 +1,164 @@
+"""Compiled regions: what joins one, how a plan carries them, that XLA keeps compute ops as library calls, and
+that an emitted step with regions still computes what the single-device step does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tag_core.errors import TagInputError
+from tag_core.fusion import FusionPlan, mark_for_xla
+from tag_core.fusion_regions import REWRITES_OFF, compiled_regions, session_config
+
+
+def _toy_step():
+    """x @ read(w) + 1, times a random mask, summed; after it, an update of v; arithmetic on constants aside."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[8, 4], shared_name="w", name="w")
+        read = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32, name="read")
+        product = tf.raw_ops.MatMul(a=x, b=read, name="product")
+        shifted = tf.raw_ops.AddV2(x=product, y=tf.constant(1.0, name="one"), name="shifted")
+        mask = tf.raw_ops.RandomUniform(shape=tf.constant([4, 4], name="mask_shape"), dtype=tf.float32, name="mask")
+        masked = tf.raw_ops.Mul(x=shifted, y=mask, name="masked")
+        total = tf.raw_ops.Sum(input=masked, axis=tf.constant([0, 1], name="axes"), name="total")
+        other = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[2], shared_name="v", name="v")
+        read_other = tf.raw_ops.ReadVariableOp(resource=other, dtype=tf.float32, name="read_other")
+        with tf.control_dependencies([total]):  # joined to the rest by this control edge only
+            step = tf.raw_ops.Neg(x=read_other, name="step")
+        tf.raw_ops.AssignAddVariableOp(resource=other, value=step, name="update")
+        tf.raw_ops.AddV2(x=tf.constant(2.0, name="c1"), y=tf.constant(3.0, name="c2"), name="folded")
+    return graph.as_graph_def()
+
+
+def test_a_region_joins_compute_ops_and_leaves_out_randomness_plumbing_and_constants():
+    graph_def = _toy_step()
+    (region,) = compiled_regions(graph_def, excluded=set())
+    assert {"read", "product", "shifted", "masked", "total", "step", "update"} <= set(region)
+    assert not {"x", "w", "v", "mask", "one", "folded"} & set(region)  # placeholder, handle, random, constants
+    # A compute op that XLA ran too slowly stays out; the rest splits where it was.
+    pieces = compiled_regions(graph_def, excluded={"product"})
+    assert all("product" not in piece for piece in pieces) and {"shifted", "masked", "total"} <= set(pieces[0])
+
+
+def test_a_region_takes_in_the_patterns_inside_it():
+    graph_def = _toy_step()
+    plan = FusionPlan("toy", patterns=[["shifted", "masked"], ["folded", "c1"]], kernels_before=10, kernels_after=8,
+                      saved_s=0.0, reference_gpu="V100-32GB", regions=[["read", "product", "shifted", "masked"]])
+    mark_for_xla(graph_def, plan)
+    scope = {n.name: n.attr["_XlaScope"].s.decode() for n in graph_def.node if "_XlaScope" in n.attr}
+    assert scope["shifted"] == scope["masked"] == scope["product"] == "region_0"
+    assert scope["folded"] == "fusion_1" and "x" not in scope
+
+
+def test_a_plan_carries_its_regions_and_a_bad_one_is_named():
+    plan = FusionPlan("toy", [["a", "b"]], 4, 3, 0.0, "V100-32GB", regions=[["a", "b", "m"]])
+    assert FusionPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    assert FusionPlan.from_json({**plan.to_json(), "regions": []}).regions == []
+    for bad, where in (({"regions": [[]]}, "regions[0]"), ({"regions": "a"}, "regions"),
+                       ({"regions": [["a", 3]]}, "regions[0]")):
+        with pytest.raises(TagInputError) as raised:
+            FusionPlan.from_json({**plan.to_json(), **bad})
+        assert raised.value.where == where
+
+
+def test_only_a_plan_with_regions_turns_rewrites_off():
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    with_regions = FusionPlan("toy", [], 4, 4, 0.0, "V100-32GB", regions=[["a", "b"]])
+    rewrites = session_config(with_regions).graph_options.rewrite_options
+    assert all(getattr(rewrites, name) == off for name in REWRITES_OFF)
+    for plan in (None, FusionPlan("toy", [["a", "b"]], 4, 3, 0.0, "V100-32GB")):
+        rewrites = session_config(plan).graph_options.rewrite_options
+        assert all(getattr(rewrites, name) != off for name in REWRITES_OFF)
+
+
+HLO_SCRIPT = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import tensorflow as tf
+    from tag_core.fusion import FusionPlan, classify, mark_for_xla
+    from tag_core.fusion_regions import compiled_regions, session_config
+    from tag_core.graph import capture
+    from tag_core.models import resolve_model
+    from tag_core.profile import initialise_randomly
+    from tag_core.trace import synthetic_batch
+
+    spec = resolve_model("mlp[features=12,hidden=16]", 8)
+    step = capture(spec).step
+    plan = FusionPlan(spec.name, [], 0, 0, 0.0, "", regions=compiled_regions(step.graph_def, set()))
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.CopyFrom(step.graph_def)
+    mark_for_xla(graph_def, plan)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    with tf.compat.v1.Session(graph=graph, config=session_config(plan)) as session:
+        initialise_randomly(session, step)
+        session.run([step.loss_tensor, step.train_ops], dict(zip(step.input_tensors, synthetic_batch(spec, 8))))
+    types = {node.name: node.op for node in step.graph_def.node}
+    print(sum(classify(types[name]) == "compute" for region in plan.regions for name in region))
+""")
+
+
+@pytest.mark.timeout(300)
+def test_xla_keeps_the_compute_ops_of_a_region_as_library_calls(tmp_path):
+    """The optimised HLO of the step's region: every dot is an instruction of its own, never inside a fusion."""
+    import os
+
+    dump = tmp_path / "hlo"
+    env = dict(os.environ, XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text", TF_CPP_MIN_LOG_LEVEL="2")
+    script = tmp_path / "region.py"
+    script.write_text(HLO_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), "", str(Path(__file__).resolve().parent.parent)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = [p.read_text() for p in dump.glob("*after_optimizations.txt")]
+    biggest = max(modules, key=len)
+    computations = biggest.split("\n\n")
+    fused = [c for c in computations if c.lstrip().startswith(("%fused", "fused"))]
+    top = [c for c in computations if c.lstrip().startswith("ENTRY")]
+    assert fused and top, "the region compiled to one module with fusions"
+    compute_ops = int(done.stdout.split()[-1])
+    assert compute_ops >= 5  # two layers' MatMuls, forward and backward
+    assert sum(c.count(" dot(") for c in top) == biggest.count(" dot(") == compute_ops
+    assert all(" dot(" not in c for c in fused)
+
+
+TWO_BY_TWO = {"name": "two2", "inter_gbps": 10,
+              "machines": [{"name": "a", "gpu": "V100-32GB", "count": 2, "intra_gbps": 100},
+                           {"name": "b", "gpu": "GTX1080Ti", "count": 2, "intra_gbps": 64}]}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["allreduce", "ps"])
+def test_an_emitted_step_with_regions_matches_the_single_device_step(tmp_path, strategy):
+    from tag_core.emit import emit, write_emission
+    from tag_core.models import resolve_model
+    from tag_core.runtime import run_emitted
+    from tag_core.topology import parse_topology
+
+    def with_regions(graph, step):
+        return FusionPlan(graph.model, [], len(graph.ops), len(graph.ops), 0.0, "",
+                          regions=compiled_regions(step.graph_def, set()))
+
+    emission = emit(resolve_model("mlp[features=12,hidden=16]", 8), parse_topology(TWO_BY_TWO), strategy, "cpu",
+                    fusion=with_regions)
+    assert emission.fusion["regions"] >= 1
+    out = write_emission(emission, tmp_path / "emitted")
+    meta = json.loads((out / "plan.json").read_text())["emission"]
+    assert meta["rewrites_off"] == list(REWRITES_OFF)
+    assert "rewrite_options" in (out / "README.txt").read_text()
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=240, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert all(step["passed"] and step["max_relative_difference"] <= 1e-4 for step in result.steps)
