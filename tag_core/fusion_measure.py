@@ -7,7 +7,8 @@ TAG's fusion patterns marked as XLA clusters). Session modes also report
 kernels per step: the nodes TF's step stats list for one traced run. Every mode
 also reports its first step (compilation included) and the process's peak RSS.
 
-`measure_paired` runs the four modes in one process instead, a step of each in
+`measure_paired` runs the modes in one process instead (optionally also `function`: the `jit` mode's
+harness, a `tf.function` step, without XLA), a step of each in
 turn (auto-clustering as a session with global_jit_level ON_2 under
 `--tf_xla_cpu_global_jit`, which is what the flags above set for every
 session): the median over rounds of each mode's step time over the no-XLA
@@ -122,8 +123,8 @@ def _paired(spec, step_file: str, plan_file: str, rounds: int, warmup: int, mode
     step = load_step(step_file)
     runners, kernels = {}, {}
     for mode in modes:
-        if mode == "jit":
-            runners[mode] = _jit_runner(spec, step.batch_size)
+        if mode in ("jit", "function"):
+            runners[mode] = _jit_runner(spec, step.batch_size, jit_compile=mode == "jit")
             continue
         run, traced = _session_runner(mode, spec, step, plan_file, auto_jit=mode == "autocluster")
         runners[mode] = run
@@ -168,7 +169,9 @@ def _jit_step(spec, batch_size: int, steps: int, warmup: int) -> dict:
     return _result(first, times, None)
 
 
-def _jit_runner(spec, batch_size: int):
+def _jit_runner(spec, batch_size: int, jit_compile: bool = True):
+    """A step of the Keras model under `tf.function`: `jit` mode, or with `jit_compile=False` the `function`
+    mode, the same harness without XLA (it tells how much of jit's lead over the session modes is the harness)."""
     import tensorflow as tf
 
     from .trace import build_keras, synthetic_batch
@@ -177,7 +180,7 @@ def _jit_runner(spec, batch_size: int):
     loss_fn = spec.make_loss()
     *inputs, labels = [tf.constant(a) for a in synthetic_batch(spec, batch_size)]
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=jit_compile)
     def step(inputs, labels):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(labels, model(inputs if len(inputs) > 1 else inputs[0], training=True)))
