@@ -26,6 +26,8 @@ class FusionConfig(Config):
     tune: bool = Field(default=True, description="Time every pattern with XLA here and keep the winners.")
     measure: bool = Field(default=True, description="Time the step with no XLA, auto-clustering, jit and TAG's plan.")
     steps: int = Field(default=5, description="Timed steps per mode when measuring.")
+    regions: bool = Field(default=True, description="Let tuning propose compiled regions (compute ops as "
+                                                    "library calls inside XLA programs).")
 
 
 @asset(partitions_def=model_partitions, deps=[training_graph], group_name="fusion", pool=DUCKDB_POOL,
@@ -38,7 +40,8 @@ def fusion_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: 
         with open_store(duckdb) as conn:
             graph = store.load_op_graph(conn, spec.name)
             step_file = store.captured_model(conn, spec.name)["step_file"]
-        plan = fuse_model(spec, graph, step_file, gpu, tune=config.tune, measure=config.measure, steps=config.steps)
+        plan = fuse_model(spec, graph, step_file, gpu, tune=config.tune, measure=config.measure, steps=config.steps,
+                          regions=config.regions)
         data = plan.to_json()
         with open_store(duckdb) as conn:
             store.save_fusion_plan(conn, spec.name, graph.content_hash(), data)

@@ -225,12 +225,14 @@ def findings(rows: list[dict]) -> list[str]:
                 f"function {r['function']:.3f}, tag {r['tag']:.3f}.")
             out.append(f"- TAG's plan at least as fast as the best XLA mode on {row['model']}: {verdict} "
                        f"({ratio:.3f} × {_own(row, 'best_xla_mode')}, each against the no-XLA step of its own "
-                       f"harness).{raw} XLA auto-clustering confined to fusible ops (no MatMul): "
-                       f"{_fusible_only(row)} × tf.")
+                       f"harness; {r['tag'] / r['autocluster']:.3f} × autocluster, same harness).{raw} XLA "
+                       f"auto-clustering confined to fusible ops (no MatMul): {_fusible_only(row)} × tf.")
     worst = max(rows, key=lambda r: r["paired_tag_over_tf"])
+    empty = " with an empty plan, the very graph `tf` runs: that is the noise of the measurement" \
+        if not (worst["plan"]["tag"]["patterns"] or worst["plan"]["tag"].get("regions")) else ""
     out.append(f"- Never slower than no XLA: worst paired tag / tf {worst['paired_tag_over_tf']:.3f} "
-               f"({worst['model']}); the step check's margin is {STEP_MARGIN:.0%}, about the noise of these ratios "
-               f"here.")
+               f"({worst['model']}{empty}); the step check's margin is {STEP_MARGIN:.0%}, about the noise of these "
+               f"ratios here.")
     for row in rows:
         confined = row.get("paired_fusible_only", {}).get("ratio_to_tf", {}).get("autocluster")
         if confined is not None and confined < row["paired_tag_over_tf"] - STEP_MARGIN:

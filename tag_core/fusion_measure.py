@@ -244,8 +244,9 @@ if __name__ == "__main__":
 
 
 def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bool = False, steps: int = 10,
-               progress: bool = False):
-    """Plan fusion for a captured model; optionally tune it per pattern and time the step in every mode."""
+               progress: bool = False, regions: bool = True):
+    """Plan fusion for a captured model; optionally tune it (per pattern, per library call when `regions`, then
+    the whole step) and time the step in every mode."""
     import tempfile
     from pathlib import Path
 
@@ -257,7 +258,8 @@ def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bo
     graph_def = step.graph_def
     plan = plan_fusion(graph, graph_def, gpu)
     if tune:
-        plan = tune_plan(plan, graph_def, progress=progress, values=lambda names: step_values(step, spec, names))
+        plan = tune_plan(plan, graph_def, progress=progress, values=lambda names: step_values(step, spec, names),
+                         regions=regions)
         plan = check_step(plan, step, spec)
     if measure:
         with tempfile.TemporaryDirectory() as folder:

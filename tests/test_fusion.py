@@ -282,11 +282,12 @@ def test_a_tuned_plan_from_tag_fuse_is_stored_for_plan_and_emit(tag_home, capsys
     capsys.readouterr()
     with store.connect(read_only=True) as conn:
         assert store.load_fusion_plan(conn, model) is None
-    assert main(["fuse", model, "--batch-size", "8", "--tune", "--json"]) == 0
+    assert main(["fuse", model, "--batch-size", "8", "--tune", "--no-regions", "--json"]) == 0
     tuned = json.loads(capsys.readouterr().out)
     with store.connect(read_only=True) as conn:
         stored = store.load_fusion_plan(conn, model)
-    assert stored is not None and stored["patterns"] == tuned["patterns"]
+    assert stored is not None and stored["patterns"] == tuned["patterns"] and stored["regions"] == []
+    assert "library_calls_timed" not in tuned["measured"]  # --no-regions: no compute op was timed
 
 
 @pytest.mark.slow

@@ -71,7 +71,9 @@ def _fusion(args, model: str):
         plan = given if given is not None else _stored_fusion(args, model, graph.content_hash())
         if plan is None:
             return plan_fusion(graph, step.graph_def)
+        nodes = {node.name for node in step.graph_def.node}  # regions may hold plumbing the OpGraph leaves out
         missing = [name for pattern in plan.patterns for name in pattern if name not in graph.index]
+        missing += [name for region in plan.regions for name in region if name not in nodes]
         if missing:
             raise TagInputError("--fusion", f"the fusion plan names ops the captured graph does not have "
                                             f"({', '.join(missing[:3])}); run `tag fuse` again")

@@ -15,6 +15,9 @@ def register(subparsers) -> None:
                              "step gets faster with them (else fewer, or none); the tuned plan is stored")
     parser.add_argument("--measure", action="store_true",
                         help="tune, then time the step under no XLA, auto-clustering, jit_compile and TAG's plan")
+    parser.add_argument("--no-regions", dest="regions", action="store_false",
+                        help="tune fused patterns only: no compiled regions (XLA programs that also hold compute "
+                             "ops, as library calls)")
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode (default 10)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run)
@@ -36,7 +39,7 @@ def run(args) -> int:
     finally:
         conn.close()
     plan = fuse_model(spec, graph, step_file, gpu, tune=args.tune or args.measure, measure=args.measure,
-                      steps=args.steps, progress=not args.json)
+                      steps=args.steps, progress=not args.json, regions=args.regions)
     data = plan.to_json()
     if args.tune or args.measure:  # a tuned plan is what `tag plan --fusion` and `tag emit --fusion` should use
         conn = open_store(args)
