@@ -64,9 +64,11 @@ def run(args) -> int:
     if len(plan.patterns) > 10:
         print(f"  ... {len(plan.patterns) - 10} more (use --json)")
     if plan.regions:
+        from ..fusion_regions import LIBRARY_SLOWDOWN
+
         print(f"compiled by XLA as {len(plan.regions)} region(s) of {sum(map(len, plan.regions))} ops, compute ops "
               f"as library calls ({plan.measured.get('library_calls_outside', 0)} of "
-              f"{plan.measured.get('library_calls_timed', 0)} left out: XLA runs them over 2x slower)")
+              f"{plan.measured.get('library_calls_timed', 0)} left out: XLA ran them over {LIBRARY_SLOWDOWN:g}x slower)")
     if args.tune or args.measure:
         print("stored as this model's fusion plan (used by `tag plan --fusion` and `tag emit --fusion`)")
     if "step_ms" in plan.measured:
