@@ -29,7 +29,7 @@ from .emit_files import write_emission
 from .emit_graph import EmittedGraph, GraphBuilder
 from .emit_place import OpPlacements, device_names, place_ops
 from .errors import TagInputError
-from .files import read_json
+from .files import input_file, read_json
 from .graph import OpGraph, build_op_graph
 from .models import ModelSpec
 from .strategy import Strategy
@@ -212,11 +212,7 @@ def _initial_values(step: TracedStep, keras_objects) -> dict[str, np.ndarray]:
 
 
 def read_plan(path: str | Path) -> tuple[dict[str, Any], Strategy]:
-    path = Path(path)
-    if path.is_dir():
-        raise TagInputError("--plan", f"{path} is a directory, not a file")
-    if not path.is_file():
-        raise TagInputError("--plan", f"{path} does not exist")
+    path = input_file(path, "--plan")
     plan = read_json(path, "--plan")
     if not isinstance(plan, dict):
         raise TagInputError("--plan", f"{path} must hold a JSON object")

@@ -41,6 +41,16 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
         raise
 
 
+def input_file(text: str | Path, argument: str) -> Path:
+    """`text` as a file to read; TagInputError naming `argument` when it is missing or a directory."""
+    path = Path(text)
+    if path.is_dir():
+        raise TagInputError(argument, f"{text} is a directory, not a file")
+    if not path.is_file():
+        raise TagInputError(argument, f"{text} does not exist")
+    return path
+
+
 def reject_json_constant(token: str):
     """`parse_constant` for json.loads: Python's json takes NaN and Infinity, which are not JSON."""
     raise ValueError(f"{token} is not valid JSON")

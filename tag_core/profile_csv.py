@@ -11,10 +11,10 @@ import pandas as pd
 
 from . import store
 from .errors import TagInputError
+from .limits import INT32_MAX
 
 REQUIRED = ["model", "op", "device_type", "batch_size", "run", "time_us"]
 OPTIONAL = ["host", "tf_version", "profiled_at"]
-INT32_MAX = 2**31 - 1  # batch_size and run are INTEGER columns
 
 
 def read_profile_csv(path: str | Path) -> pd.DataFrame:
@@ -108,5 +108,12 @@ def import_profiles(conn, path: str | Path) -> int:
 
 
 def export_profiles(conn, model: str | None = None, device_type: str | None = None) -> str:
+    """The stored profiles as CSV. A filter that matches nothing is a TagInputError naming it: likely a typo,
+    and a header-only export would overwrite an --out file."""
     frame = store.load_profiles(conn, model, device_type)
+    if frame.empty and model is not None and (device_type is None or store.load_profiles(conn, model).empty):
+        raise TagInputError("--model", f"no profiles stored for model {model!r}")
+    if frame.empty and device_type is not None:
+        of_model = f" of model {model!r}" if model is not None else ""
+        raise TagInputError("--device-type", f"no profiles stored for device type {device_type!r}{of_model}")
     return frame.to_csv(index=False)

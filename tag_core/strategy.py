@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from .errors import TagInputError
+from .limits import INT64_MAX  # numpy int64 holds indices and sizes
 
 OPTIONS = ("allreduce", "ps", "duplicate", "model_parallel")
 FORMAT_VERSION = 1
 MAX_OPS = 10_000_000  # far beyond any captured graph; a larger num_ops would only allocate a huge op_groups
-INT64_MAX = 2**63 - 1  # numpy int64 holds the indices and sizes: a larger JSON integer overflows it
 
 
 @dataclass

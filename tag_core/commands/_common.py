@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..errors import TagInputError
-
-INT32_MAX = 2**31 - 1  # DuckDB INTEGER columns (store.py) hold no more
+from ..limits import INT32_MAX
 
 
 def _number(text: str, convert, valid, what: str):
@@ -86,16 +84,6 @@ def print_json(data) -> None:
 def require(condition: bool, where: str, problem: str) -> None:
     if not condition:
         raise TagInputError(where, problem)
-
-
-def input_file(text: str, argument: str) -> Path:
-    """`text` as a file to read; TagInputError naming `argument` when it is missing or a directory."""
-    path = Path(text)
-    if path.is_dir():
-        raise TagInputError(argument, f"{text} is a directory, not a file")
-    if not path.is_file():
-        raise TagInputError(argument, f"{text} does not exist")
-    return path
 
 
 def check_plan(plan: dict, strategy, model: str, topology, where: str, num_ops: int | None = None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import check_plan, input_file, positive_int, print_json
+from ._common import check_plan, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -56,7 +56,7 @@ def _fusion(args, model: str):
         return None
     given = None
     if args.fusion != "stored":
-        from ..files import read_json
+        from ..files import input_file, read_json
 
         path = input_file(args.fusion, "--fusion")
         data = read_json(path, "--fusion")

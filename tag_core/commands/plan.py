@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from ._common import (
-    input_file, non_negative_int32, open_store, positive_float, positive_int, positive_int32, print_json, require,
+    non_negative_int32, open_store, positive_float, positive_int, positive_int32, print_json, require,
 )
 
 
@@ -121,7 +121,7 @@ def run(args) -> int:
 def _read_plan(path: str) -> dict:
     """The warm-start plan, its strategy checked before anything slow runs."""
     from ..errors import TagInputError
-    from ..files import read_json
+    from ..files import input_file, read_json
     from ..strategy import Strategy
 
     source = input_file(path, "--warm-start")

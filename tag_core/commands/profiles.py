@@ -44,7 +44,6 @@ def run_export(args) -> int:
 
     conn = open_store(args, read_only=True)
     try:
-        _require_profiles(conn, args.model, args.device_type)
         text = export_profiles(conn, args.model, args.device_type)
     finally:
         conn.close()
@@ -53,18 +52,6 @@ def run_export(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
-
-
-def _require_profiles(conn, model: str | None, device_type: str | None) -> None:
-    """A filter that matches nothing is likely a typo; a header-only export would also overwrite --out."""
-    from .. import store
-    from ..errors import TagInputError
-
-    if model is not None and store.load_profiles(conn, model).empty:
-        raise TagInputError("--model", f"no profiles stored for model {model!r}")
-    if device_type is not None and store.load_profiles(conn, model, device_type).empty:
-        of_model = f" of model {model!r}" if model is not None else ""
-        raise TagInputError("--device-type", f"no profiles stored for device type {device_type!r}{of_model}")
 
 
 def run_list(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import captured_with_profiles, check_plan, input_file, positive_int, print_json
+from ._common import captured_with_profiles, check_plan, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -64,7 +64,7 @@ def read_strategy_file(text: str, argument: str = "--strategy"):
 def read_plan_file(text: str, argument: str = "--strategy"):
     """(the file's JSON, its strategy) for a strategy or plan file; errors name `argument`."""
     from ..errors import TagInputError
-    from ..files import read_json
+    from ..files import input_file, read_json
     from ..strategy import Strategy
 
     path = input_file(text, argument)
