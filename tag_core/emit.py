@@ -84,8 +84,8 @@ class Emission:
 def resolve_strategy(text: str, graph: OpGraph, topology: Topology, batch_size: int, profiles=None) -> Strategy:
     """A baseline (dp-nccl, dp-nccl-p, horovod, single), an option applied to every op on every
     device (allreduce, ps, duplicate, model_parallel), or a strategy/plan JSON file."""
-    from .commands.simulate import load_strategy
     from .simulate import Simulator
+    from .strategy_files import load_strategy
 
     return load_strategy(text, Simulator(graph, topology, profiles, batch_size=batch_size))
 

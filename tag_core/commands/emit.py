@@ -105,7 +105,7 @@ def run(args) -> int:
     from ..errors import TagInputError
     from ..models import resolve_model
     from ..topology import load_topology
-    from .simulate import is_strategy_file, read_plan_file
+    from ..strategy_files import is_strategy_file, read_plan_file
 
     if args.strategy and not args.topology:
         raise TagInputError("--topology", "is required with --strategy")

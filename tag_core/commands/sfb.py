@@ -28,7 +28,7 @@ def run(args) -> int:
     from ..sfb import apply_sfb
     from ..simulate import Simulator
     from ..topology import load_topology
-    from .simulate import read_plan_file
+    from ..strategy_files import read_plan_file
 
     topology = load_topology(args.topology)
     spec = resolve_model(args.model)
