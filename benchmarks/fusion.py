@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from tag_core.captures import save_step  # noqa: E402
 from tag_core.fusion import plan_fusion  # noqa: E402
 from tag_core.fusion_measure import FUSIBLE_ONLY_FLAGS, MODES, measure_modes, measure_paired  # noqa: E402
-from tag_core.fusion_tune import STEP_MARGIN, check_step, step_values, tune_plan  # noqa: E402
+from tag_core.fusion_tune import STEP_MARGIN, check_step, step_fetches, step_values, tune_plan  # noqa: E402
 from tag_core.graph import capture  # noqa: E402
 from tag_core.models import resolve_model  # noqa: E402
 from results_md import write_section  # noqa: E402  (benchmarks/ is the script's folder)
@@ -74,7 +74,7 @@ def measure(key: str, repeats: int, steps: int | None, warmup: int, untuned: boo
         row["planned"] = {"patterns": len(planned.patterns), "ops_fused": planned.ops_fused,
                           "kernels_before": planned.kernels_before, "kernels_after": planned.kernels_after}
         start = time.perf_counter()
-        tuned = tune_plan(planned, step.graph_def, values=lambda names: step_values(step, spec, names))
+        tuned = tune_plan(planned, step.graph_def, step_fetches(step), values=lambda names: step_values(step, spec, names))
         row["tune_s"] = round(time.perf_counter() - start, 1)
         start = time.perf_counter()
         tuned = check_step(tuned, step, spec)

@@ -113,7 +113,8 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     """Trace `spec`, check the plan's lineage, and build the distributed step for `strategy`: a Strategy,
     a name (see `resolve_strategy`), or a function of the captured OpGraph and the topology.
     With `fusion` (a FusionPlan, or a function of the captured OpGraph and the step returning one), each
-    copy of each fused pattern is marked as one XLA cluster (`fusion.mark_emitted_for_xla`)."""
+    copy of each fused pattern is marked as one XLA cluster and each region on a device compiled as one function
+    call (`fusion.mark_emitted_for_xla`)."""
     import keras
 
     from .trace import build_keras, trace_step
@@ -159,7 +160,7 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
         from .fusion import mark_emitted_for_xla
 
         fusion = fusion(graph, traced(captured_batch)) if callable(fusion) else fusion
-        fused = mark_emitted_for_xla(emitted.graph_def, fusion)
+        fused = mark_emitted_for_xla(emitted.graph_def, fusion, [emitted.loss_tensor, emitted.train_op, emitted.init_op])
     check_imports(emitted.graph_def)
     values = _initial_values(traces[batch], keras_objects)
     notes = list(placed.notes)

@@ -157,7 +157,7 @@ def plan_json(emission: Emission, reference_meta: str, exact_values: bool,
 
 
 def rewrites_off(emission: Emission) -> list[str]:
-    """Grappler rewrites the session must turn off: those that would split compiled regions, if any."""
+    """Grappler rewrites the session must turn off when the step has compiled regions (`fusion_regions.REWRITES_OFF`)."""
     from .fusion_regions import REWRITES_OFF
 
     return list(REWRITES_OFF) if (emission.fusion or {}).get("regions") else []
@@ -168,8 +168,8 @@ def readme(emission: Emission) -> str:
     kind = "GPU" if emission.device_kind == "gpu" else "CPU"
     machines = "\n".join(f"  task {k}: {m.name} ({m.count} x {m.gpu.name})" for k, m in enumerate(emission.topology.machines))
     off = rewrites_off(emission)
-    rewrites = (f",\n  and graph_options.rewrite_options {', '.join(off)} OFF (they would split the XLA regions)"
-                if off else "")
+    rewrites = (f",\n  and graph_options.rewrite_options {', '.join(off)} off (inside an XLA region's function it "
+                f"would make ops XLA cannot compile)" if off else "")
     return f"""TAG distributed training step for {s['model']} on {s['topology']} ({s['strategy']})
 Global batch {s['batch_size']}; {s['emitted_ops']} ops (the single-device step has {s['single_device_ops']}),
 {s['collectives']} collective ops. Devices are /job:worker/task:K/device:{kind}:i, one task per machine:

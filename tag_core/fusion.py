@@ -339,47 +339,56 @@ class _Context:
         return False
 
 
-def scopes(plan: FusionPlan) -> dict[str, str]:
-    """op name -> XLA scope: `fusion_<k>` for pattern k, `region_<k>` for region k (which takes in the
-    patterns inside it)."""
-    scope_of = {name: f"fusion_{k}" for k, pattern in enumerate(plan.patterns) for name in pattern}
-    scope_of.update({name: f"region_{k}" for k, region in enumerate(plan.regions) for name in region})
-    return scope_of
+def pattern_scopes(plan: FusionPlan) -> dict[str, str]:
+    """op name -> XLA scope `fusion_<k>` of pattern k, for the ops of patterns outside every region (a region takes
+    in the patterns inside it: XLA fuses them within the region's program)."""
+    in_region = {name for region in plan.regions for name in region}
+    return {name: f"fusion_{k}" for k, pattern in enumerate(plan.patterns) for name in pattern if name not in in_region}
 
 
-def mark_for_xla(graph_def, plan: FusionPlan) -> int:
-    """Mark each pattern's and each region's nodes (and constants only they read) as one XLA cluster; returns
-    nodes marked."""
-    return _mark_scopes(graph_def, scopes(plan))
+def mark_for_xla(graph_def, plan: FusionPlan, fetches: list[str]) -> dict:
+    """Mark each pattern's nodes (and constants only they read) as one XLA cluster, and compile each region as one
+    must-compile function call (`region_calls.py`). `fetches`: the names the caller runs or fetches (`op` or
+    `op:k`), which stay in the graph. Returns what was marked."""
+    from .region_calls import compile_as_calls
+
+    marked = _mark_scopes(graph_def, pattern_scopes(plan))
+    calls = compile_as_calls(graph_def, plan.regions, fetches)
+    return {"patterns": len(plan.patterns), "nodes_marked": marked, **calls.to_json()}
 
 
 EMITTED_COPY = re.compile(r"^tag/p(\d+)/([rg]\d+)/(.+)$")
 
 
-def mark_emitted_for_xla(graph_def, plan: FusionPlan) -> dict:
-    """Mark the fusion plan's patterns in an emitted (distributed) step, as `mark_for_xla` does for the
-    single-device one.
+def mark_emitted_for_xla(graph_def, plan: FusionPlan, fetches: list[str]) -> dict:
+    """Mark the fusion plan in an emitted (distributed) step, as `mark_for_xla` does for the single-device one.
 
     The emitter copies op `name` once per copy of its placement, as `tag/p<placement>/<r|g><k>/name`:
     each copy of a pattern on one device becomes its own cluster,
     `_XlaScope="fusion_<k>/p<placement>/<copy>/t<task>/<device>"` (an XLA cluster runs on one device, and
-    different scopes never merge). A region's ops on one device are one cluster whatever their placement,
-    `region_<k>/t<task>/<device>`. Returns what was marked.
+    different scopes never merge). A region's ops on one device are one function call whatever their placement.
+    Returns what was marked.
     """
-    scope_of_op = scopes(plan)
+    from .region_calls import compile_as_calls
+
+    pattern_of = pattern_scopes(plan)
+    region_of = {name: k for k, region in enumerate(plan.regions) for name in region}
     scope_of: dict[str, str] = {}
+    regions: dict[tuple[int, str], list[str]] = {}
     for node in graph_def.node:
         match = EMITTED_COPY.match(node.name)
-        if match is None or match.group(3) not in scope_of_op:
+        if match is None:
             continue
-        scope = scope_of_op[match.group(3)]
-        if not (scope.startswith("region_") and node.device):
-            scope = f"{scope}/p{match.group(1)}/{match.group(2)}"
-        scope_of[node.name] = f"{scope}/{_short_device(node.device)}" if node.device else scope
-    fused = {scope for scope in scope_of.values()}
+        name = match.group(3)
+        if name in region_of:
+            regions.setdefault((region_of[name], node.device), []).append(node.name)
+        elif name in pattern_of:
+            scope = f"{pattern_of[name]}/p{match.group(1)}/{match.group(2)}"
+            scope_of[node.name] = f"{scope}/{_short_device(node.device)}" if node.device else scope
     marked = _mark_scopes(graph_def, scope_of)
+    calls = compile_as_calls(graph_def, list(regions.values()), fetches)
     return {"patterns": len(plan.patterns), "ops_fused": plan.ops_fused, "regions": len(plan.regions),
-            "clusters": len(fused), "nodes_marked": marked}
+            "clusters": len(set(scope_of.values())) + len(calls.calls), "nodes_marked": marked, **calls.to_json()}
 
 
 def _short_device(device: str) -> str:

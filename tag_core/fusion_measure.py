@@ -77,6 +77,7 @@ def _session_runner(mode: str, spec, step, plan_file: str, auto_jit: bool = Fals
 
     from .fusion import FusionPlan, mark_for_xla
     from .fusion_regions import session_config
+    from .fusion_tune import step_fetches
     from .profile import initialise_randomly
     from .trace import synthetic_batch
 
@@ -86,7 +87,7 @@ def _session_runner(mode: str, spec, step, plan_file: str, auto_jit: bool = Fals
     if mode == "tag":
         with open(plan_file) as handle:
             plan = FusionPlan.from_json(json.load(handle))
-        mark_for_xla(graph_def, plan)
+        mark_for_xla(graph_def, plan, step_fetches(step))
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
@@ -252,14 +253,14 @@ def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bo
 
     from .captures import load_step
     from .fusion import plan_fusion
-    from .fusion_tune import check_step, step_values, tune_plan
+    from .fusion_tune import check_step, step_fetches, step_values, tune_plan
 
     step = load_step(step_file)
     graph_def = step.graph_def
     plan = plan_fusion(graph, graph_def, gpu)
     if tune:
-        plan = tune_plan(plan, graph_def, progress=progress, values=lambda names: step_values(step, spec, names),
-                         regions=regions)
+        plan = tune_plan(plan, graph_def, step_fetches(step), progress=progress,
+                         values=lambda names: step_values(step, spec, names), regions=regions)
         plan = check_step(plan, step, spec)
     if measure:
         with tempfile.TemporaryDirectory() as folder:

@@ -13,37 +13,61 @@ kernel and as an XLA library call: an op XLA runs more than `LIBRARY_SLOWDOWN` t
 convolution on this CPU: 27 times) stays outside, and so does one that could not be timed. The step check
 then keeps the regions only if the whole step is fastest with them.
 
-Also outside every region: ops whose XLA lowering computes something else than TF's kernel (random
-numbers: the emitted step must match the reference step), v1 control flow and function calls, and
-graph plumbing (placeholders, handles, constants; a constant read only by one region joins it when marked).
+Also outside every region: ops with no XLA kernel; ops whose XLA lowering computes something else than TF's
+kernel (random numbers: the emitted step must match the reference step); v1 control flow and function calls;
+graph plumbing (placeholders, handles; a constant with no inputs is copied into each region that reads it); and
+whatever the step does not run (the initialisation block). A region runs as one must-compile function call
+(`region_calls.py`), which compiles it as one XLA program whatever the order of its variable reads and writes.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 from .disjoint_sets import DisjointSets
 
 LIBRARY_SLOWDOWN = 2.0
 OUTSIDE = {
-    "Placeholder", "PlaceholderWithDefault", "VarHandleOp", "Const", "NoOp", "Enter", "Exit", "Merge", "Switch",
+    "Placeholder", "PlaceholderWithDefault", "VarHandleOp", "Enter", "Exit", "Merge", "Switch",
     "NextIteration", "LoopCond", "While", "StatelessWhile", "If", "StatelessIf", "PartitionedCall",
     "StatefulPartitionedCall", "Assert", "PrintV2", "Print",
 }
 OUTSIDE_PREFIXES = ("Random", "StatelessRandom", "TruncatedNormal", "StatelessTruncatedNormal", "Multinomial",
                     "StatelessMultinomial", "TensorList", "TensorArray", "Stack", "_")
-# Grappler rewrites that TF's auto-clustering turns off for itself: left on, they replace marked nodes by fused
-# nodes with no XLA kernel (oneDNN's MatMul+BiasAdd, a chain of unary ops), which then split a region in pieces.
-REWRITES_OFF = ("remapping", "arithmetic_optimization")
+# Grappler rewrites the session must leave off: the memory optimizer rewrites a large AddN inside a region's
+# function into TemporaryVariable accumulations, which XLA cannot compile.
+REWRITES_OFF = ("memory_optimization",)
 
 
-def may_join(op_type: str) -> bool:
-    return op_type not in OUTSIDE and not op_type.startswith(OUTSIDE_PREFIXES)
+def may_join(node) -> bool:
+    if node.op == "Const":
+        return bool(node.input)  # one with control inputs orders work; one without is copied where read
+    return node.op not in OUTSIDE and not node.op.startswith(OUTSIDE_PREFIXES) and has_xla_kernel(node.op)
 
 
-def compiled_regions(graph_def, excluded: set[str]) -> list[list[str]]:
-    """Connected pieces (along data and control edges) of the step's ops that may join a region, less `excluded`; each
-    piece of two or more ops is one region, its ops in the GraphDef's order. A piece that reads only
-    constants is left out: grappler folds it before XLA would see it."""
-    nodes = [node for node in graph_def.node if may_join(node.op) and node.name not in excluded]
+@cache
+def has_xla_kernel(op_type: str) -> bool:
+    """Whether XLA's CPU JIT registers a kernel for the op (GPU hosts register nearly the same set)."""
+    from tensorflow.python.framework import kernels
+
+    _register_xla_kernels()
+    return any(k.device_type == "XLA_CPU_JIT" for k in kernels.get_registered_kernels_for_op(op_type).kernel)
+
+
+@cache
+def _register_xla_kernels() -> None:
+    """XLA registers its JIT kernels with TF's registry on its first compilation."""
+    import tensorflow as tf
+
+    tf.function(lambda x: x + 1.0, jit_compile=True)(tf.constant(0.0))
+
+
+def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[list[str]]:
+    """Connected pieces (along data and control edges) of the ops the step runs for `roots` (the names it fetches)
+    that may join a region, less `excluded`; each piece of two or more ops is one region, its ops in the GraphDef's
+    order. A piece that reads only constants is left out: grappler folds it before XLA would see it."""
+    runs = _ancestors(graph_def, roots)
+    nodes = [node for node in graph_def.node if node.name in runs and node.name not in excluded and may_join(node)]
     index = {node.name: i for i, node in enumerate(nodes)}
     op_type = {node.name: node.op for node in graph_def.node}
     sets = DisjointSets(len(nodes))
@@ -62,6 +86,18 @@ def compiled_regions(graph_def, excluded: set[str]) -> list[list[str]]:
             if len(members) > 1 and reads_data.intersection(members)]
 
 
+def _ancestors(graph_def, roots: list[str]) -> set[str]:
+    inputs = {node.name: [text.lstrip("^").split(":")[0] for text in node.input] for node in graph_def.node}
+    seen = {root.split(":")[0] for root in roots} & set(inputs)
+    stack = list(seen)
+    while stack:
+        for source in inputs.get(stack.pop(), ()):
+            if source not in seen:
+                seen.add(source)
+                stack.append(source)
+    return seen
+
+
 def session_config(plan, config=None):
     """`config` (a new ConfigProto if None) with what running `plan`'s marked graph needs: with regions, the
     grappler rewrites of `REWRITES_OFF` off."""
@@ -72,9 +108,11 @@ def session_config(plan, config=None):
 
 
 def turn_off(config, rewrites):
-    """`config` with the named grappler rewrites (RewriterConfig toggles) off."""
+    """`config` with the named grappler rewrites (RewriterConfig toggles, or the memory optimizer) off."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
+    config_type = rewriter_config_pb2.RewriterConfig
     for name in rewrites:
-        setattr(config.graph_options.rewrite_options, name, rewriter_config_pb2.RewriterConfig.OFF)
+        off = config_type.NO_MEM_OPT if name == "memory_optimization" else config_type.OFF
+        setattr(config.graph_options.rewrite_options, name, off)
     return config

@@ -42,15 +42,15 @@ STEP_CHECK_ROUNDS = 400  # ...in 6 to this many rounds (small steps need many: t
 STEP_GAP_S = 0.02  # pause before each timed step: thread pools spin after a step and would slow the next one
 
 
-def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool = False,
+def tune_plan(plan: FusionPlan, graph_def, roots: list[str], runs: int = TUNE_RUNS, progress: bool = False,
               values=None, regions: bool = True) -> FusionPlan:
     """Keep the patterns whose XLA cluster wins. `values(tensor names)` gives real values of the step's
     non-floating tensors (see `step_values`); without it they are zeros. A pattern that cannot be cut out
     and timed alone (an unknown shape, or its micro-graph fails to run) is dropped: unfused is never slower.
 
     With `regions`, each compute op is also timed alone, as a TF kernel and as an XLA library call, and the
-    plan proposes compiled regions (`fusion_regions.compiled_regions`) of everything else; `check_step`
-    decides whether they stay."""
+    plan proposes compiled regions (`fusion_regions.compiled_regions`) of everything else the step runs for
+    `roots` (the names it fetches); `check_step` decides whether they stay."""
     import tensorflow as tf
     from tqdm import tqdm
 
@@ -104,7 +104,7 @@ def tune_plan(plan: FusionPlan, graph_def, runs: int = TUNE_RUNS, progress: bool
         patterns=kept,
         kernels_after=plan.kernels_before - fused_ops + len(kept),
         measured=measured,
-        regions=compiled_regions(graph_def, outside) if compute else [],
+        regions=compiled_regions(graph_def, outside, roots) if compute else [],
     )
 
 
@@ -152,7 +152,7 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
         graph_def = tf.compat.v1.GraphDef()
         graph_def.CopyFrom(step.graph_def)
         if variant is not None:
-            mark_for_xla(graph_def, variant)
+            mark_for_xla(graph_def, variant, step_fetches(step))
         graph = tf.Graph()
         with graph.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
@@ -197,6 +197,11 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
         measured["pattern_saving_us"] = []
     fused_ops = sum(len(p) for p in chosen.patterns)
     return replace(chosen, kernels_after=plan.kernels_before - fused_ops + len(chosen.patterns), measured=measured)
+
+
+def step_fetches(step) -> list[str]:
+    """What a session runs for one step of `step`: the loss and the train ops."""
+    return [step.loss_tensor, *step.train_ops]
 
 
 def wins(plain_s: float, fused_s: float) -> bool:

@@ -104,7 +104,7 @@ def test_xla_marked_step_computes_the_same(transformer):
         graph_def = tf.compat.v1.GraphDef()
         graph_def.CopyFrom(step.graph_def)
         if mode == "fused":
-            assert mark_for_xla(graph_def, plan) >= plan.ops_fused
+            assert mark_for_xla(graph_def, plan, [step.loss_tensor, *step.train_ops])["nodes_marked"] >= plan.ops_fused
         g = tf.Graph()
         with g.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
@@ -241,14 +241,14 @@ def test_emit_rejects_a_fusion_plan_of_another_model(tmp_path, tag_home):
 def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     """Per-pattern tuning (variables included) keeps a subset; the step check keeps a subset of that."""
     from tag_core.captures import save_step
-    from tag_core.fusion_tune import STEP_MARGIN, check_step, step_values, tune_plan
+    from tag_core.fusion_tune import STEP_MARGIN, check_step, step_fetches, step_values, tune_plan
 
     spec = resolve_model("mlp[features=12,hidden=16]", 8)
     captured = capture(spec)
     planned = plan_fusion(captured.graph, captured.step.graph_def)
     assert any("AssignAddVariableOp" in {captured.graph.ops[captured.graph.index[n]].type for n in p}
                for p in planned.patterns)
-    tuned = tune_plan(planned, captured.step.graph_def, runs=5,
+    tuned = tune_plan(planned, captured.step.graph_def, step_fetches(captured.step), runs=5,
                       values=lambda names: step_values(captured.step, spec, names))
     m = tuned.measured
     assert m["tuned_patterns_kept"] + m["tuned_patterns_dropped"] + m["tuned_patterns_untimed"] == len(planned.patterns)
