@@ -41,9 +41,9 @@ from results_md import write_section  # noqa: E402  (benchmarks/ is the script's
 # model: (spec, batch, timed steps per run, paired rounds)
 MODELS = {
     # layers=1: one encoder and one decoder block (two layers), d_model 512, 8 heads, ff 2048, vocab 32000.
-    "transformer": ("transformer[layers=1]", 16, 5, 10),
+    "transformer": ("transformer[layers=1]", 16, 5, 20),
     # Two of BERT-base's twelve encoder layers, hidden 768, sequence 64 instead of 128.
-    "bert_base": ("bert_base[layers=2,seq_len=64]", 8, 5, 10),
+    "bert_base": ("bert_base[layers=2,seq_len=64]", 8, 5, 20),
     "mobilenet_v2": ("mobilenet_v2[image_size=96]", 16, 10, 16),
     "small_cnn": ("small_cnn", 16, 200, 200),
 }

@@ -28,9 +28,10 @@ class RegionCalls:
     calls: list[str] = field(default_factory=list)  # call node names
     ops: list[int] = field(default_factory=list)  # nodes compiled in each call
     splits: int = 0  # times a region was split to keep the graph acyclic
+    left: int = 0  # regions left as plain ops: their body could not be traced as a function
 
     def to_json(self) -> dict:
-        return {"calls": len(self.calls), "ops_compiled": sum(self.ops), "splits": self.splits}
+        return {"calls": len(self.calls), "ops_compiled": sum(self.ops), "splits": self.splits, "left": self.left}
 
 
 def compile_as_calls(graph_def, regions: list[list[str]], fetches: list[str]) -> RegionCalls:
@@ -50,9 +51,11 @@ def compile_as_calls(graph_def, regions: list[list[str]], fetches: list[str]) ->
             done.splits += 1
             continue
         name = graph.unique(f"{CALL_PREFIX}_{len(done.calls)}")
-        graph.contract(members, name, fetches)
-        done.calls.append(name)
-        done.ops.append(len(members))
+        if graph.contract(members, name, fetches):
+            done.calls.append(name)
+            done.ops.append(len(members))
+        else:
+            done.left += 1
     graph.write_back()
     return done
 
@@ -137,7 +140,8 @@ class _Graph:
         found = self.tf_graph.get_tensor_by_name(tensor)
         return found.dtype, found.shape
 
-    def contract(self, members: set[str], name: str, fetches: list[str]) -> None:
+    def contract(self, members: set[str], name: str, fetches: list[str]) -> bool:
+        """Replace `members` by a call named `name`; False (and the graph unchanged) if the body does not trace."""
         import tensorflow as tf
 
         nodes = self.nodes
@@ -163,9 +167,15 @@ class _Graph:
         for fetch in fetched:
             if ":" in fetch:
                 _add(outputs, _tensor(fetch))
-        specs = [tf.TensorSpec(shape, dtype) for dtype, shape in map(self.tensor_type, inputs)]
-        function = _trace_body([nodes[n] for n in body], members | constants, inputs, outputs, specs,
-                               self.graph_def.versions)
+        types = [self.tensor_type(t) for t in inputs]
+        if any(dtype != dtype.base_dtype for dtype, _ in types):
+            return False  # v1 reference variables cannot be function arguments
+        specs = [tf.TensorSpec(shape, dtype) for dtype, shape in types]
+        try:
+            function = _trace_body([nodes[n] for n in body], members | constants, inputs, outputs, specs,
+                                   self.graph_def.versions)
+        except (ValueError, TypeError, tf.errors.OpError):
+            return False
         self._add_to_library(function)
         devices = {nodes[m].device for m in members}
         call = tf.compat.v1.NodeDef(name=name, op="StatefulPartitionedCall", input=inputs + ["^" + c for c in control_inputs],
@@ -217,6 +227,7 @@ class _Graph:
         self.order = [n for n in self.order if n not in removed] + [node.name for node in added]
         for node in nodes.values():  # a node colocated with a member loses that constraint
             _drop_colocation(node, members)
+        return True
 
     def _add_to_library(self, function) -> None:
         library = self.graph_def.library

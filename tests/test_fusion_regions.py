@@ -126,6 +126,18 @@ def test_a_region_that_an_outside_op_runs_through_is_split_so_the_graph_stays_ac
     assert np.array_equal(*values)
 
 
+def test_only_ops_with_an_xla_kernel_may_join():
+    from tag_core.fusion_regions import has_xla_kernel, may_join
+    from tensorflow.core.framework import node_def_pb2
+
+    assert has_xla_kernel("MatMul") and has_xla_kernel("AssignAddVariableOp") and has_xla_kernel("NoOp")
+    assert not has_xla_kernel("StringFormat") and not has_xla_kernel("_MklMatMul")
+    constant = node_def_pb2.NodeDef(name="c", op="Const")
+    assert not may_join(constant)  # copied into each region that reads it instead
+    constant.input.append("^other")
+    assert may_join(constant)  # it orders work: it joins like any op
+
+
 def test_a_plan_carries_its_regions_and_a_bad_one_is_named():
     plan = FusionPlan("toy", [["a", "b"]], 4, 3, 0.0, "V100-32GB", regions=[["a", "b", "m"]])
     assert FusionPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, help="global batch (default: the plan's, else the model's)")
     parser.add_argument("--fusion", nargs="?", const="stored", metavar="FUSION_JSON",
                         help="mark TAG's fusion plan in the emitted graph: each copy of each fused pattern becomes "
-                             "one XLA cluster. Alone: the stored plan of this graph (the fusion_plan asset's), else "
+                             "one XLA cluster, each region on a device one must-compile call. Alone: the stored plan of this graph (the fusion_plan asset's), else "
                              "a fresh untuned one; with a file: a plan from `tag fuse --json`")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -139,8 +139,8 @@ def run(args) -> int:
           f"in {summary['emit_seconds']:.1f} s")
     if "fusion" in summary:
         f = summary["fusion"]
-        print(f"fusion: {f['patterns']} patterns ({f['ops_fused']} ops) marked as {f['clusters']} XLA clusters "
-              f"({f['nodes_marked']} nodes with _XlaCompile)")
+        print(f"fusion: {f['patterns']} patterns ({f['ops_fused']} ops), {f['clusters']} XLA clusters: "
+              f"{f['nodes_marked']} nodes with _XlaCompile, {f['calls']} region calls of {f['ops_compiled']} ops")
     for note in emission.notes:
         print(f"note: {note}")
     print(f"run it here: tag run {out} --check" if summary["device_kind"] == "cpu"
