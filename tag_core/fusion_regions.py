@@ -5,8 +5,8 @@ is what compiles together: connected ops handed to XLA as one program. Compute-i
 stay library calls: XLA's CPU backend emits each MatMul or convolution as its own `dot`/`convolution`
 instruction calling its GEMM runtime, never inside a fused loop (test_fusion_regions checks that in the
 optimised HLO). What a region saves is the executor's per-op cost and the buffers between kernels, which on a
-CPU are a large part of a transformer's step: a 2-layer BERT step measured 0.89 of the plain step as one
-region, against 0.91-0.92 with the tuned patterns as clusters of their own (benchmarks/fusion.json).
+CPU are a large part of a transformer's step: a 2-layer BERT step measured 0.84 of the plain step as one
+region, against 0.87-0.89 with the tuned patterns as clusters of their own (benchmarks/fusion.json).
 
 Regions are only proposed by tuning (`fusion_tune.tune_plan`), which times every compute op alone as a TF
 kernel and as an XLA library call: an op XLA runs more than `LIBRARY_SLOWDOWN` times slower (a depthwise
