@@ -146,82 +146,48 @@ class _Graph:
 
         nodes = self.nodes
         constants = {s for m in members for s in map(_source, nodes[m].input) if _free_constant(nodes[s])} - members
-        body = [n for n in self.order if n in members or n in constants]
+        inside = members | constants
+        body = [n for n in self.order if n in inside]
         inputs, control_inputs = [], []
-        for n in body:
-            for text in nodes[n].input:
-                source = _source(text)
-                if source in members or source in constants:
-                    continue
-                if text.startswith("^"):
-                    _add(control_inputs, source)
-                else:
-                    _add(inputs, _tensor(text))
+        for text in (t for n in body for t in nodes[n].input if _source(t) not in inside):
+            if text.startswith("^"):
+                _add(control_inputs, "^" + _source(text))
+            else:
+                _add(inputs, _tensor(text))
         outside = sorted(set().union(*(self.successors[m] for m in members)) - members)
-        outputs = []
-        for target in outside:
-            for text in nodes[target].input:
-                if not text.startswith("^") and _source(text) in members:
-                    _add(outputs, _tensor(text))
+        outputs = []  # what outside nodes read, then the tensors the caller fetches
+        for text in (t for target in outside for t in nodes[target].input):
+            if not text.startswith("^") and _source(text) in members:
+                _add(outputs, _tensor(text))
         fetched = [f for f in fetches if _source(f) in members]
         for fetch in fetched:
             if ":" in fetch:
                 _add(outputs, _tensor(fetch))
-        types = [self.tensor_type(t) for t in inputs]
-        if any(dtype != dtype.base_dtype for dtype, _ in types):
+        input_types = [self.tensor_type(t) for t in inputs]
+        if any(dtype != dtype.base_dtype for dtype, _ in input_types):
             return False  # v1 reference variables cannot be function arguments
-        specs = [tf.TensorSpec(shape, dtype) for dtype, shape in types]
+        specs = [tf.TensorSpec(shape, dtype) for dtype, shape in input_types]
         try:
-            function = _trace_body([nodes[n] for n in body], members | constants, inputs, outputs, specs,
-                                   self.graph_def.versions)
+            function = _trace_body([nodes[n] for n in body], inside, inputs, outputs, specs, self.graph_def.versions)
         except (ValueError, TypeError, tf.errors.OpError):
             return False
         self._add_to_library(function)
+        output_types = [self.tensor_type(t) for t in outputs]
         devices = {nodes[m].device for m in members}
-        call = tf.compat.v1.NodeDef(name=name, op="StatefulPartitionedCall", input=inputs + ["^" + c for c in control_inputs],
-                                    device=devices.pop() if len(devices) == 1 else "")
-        call.attr["f"].func.name = function.signature.name
-        call.attr["Tin"].list.type.extend(spec.dtype.as_datatype_enum for spec in specs)
-        types = [self.tensor_type(t) for t in outputs]
-        call.attr["Tout"].list.type.extend(dtype.as_datatype_enum for dtype, _ in types)
-        call.attr["_XlaMustCompile"].b = True
-        for key in ("config", "config_proto", "executor_type"):
-            call.attr[key].s = b""
+        call = _call_node(name, function.signature.name, inputs + control_inputs, specs, output_types,
+                          devices.pop() if len(devices) == 1 else "")
         position = {tensor: k for k, tensor in enumerate(outputs)}
-        for k, tensor in enumerate(outputs):
-            self.known[f"{name}:{k}"] = types[k]
+        self.known.update({f"{name}:{k}": output_types[k] for k in range(len(outputs))})
         fetched_names = {_source(f) for f in fetches}
-        unread = {c for c in constants if self.successors[c] <= members and c not in fetched_names}
-        removed = members | unread  # the members, and constants only they read (the body has its copies)
-        for m in removed:
+        removed = members | {c for c in constants if self.successors[c] <= members and c not in fetched_names}
+        for m in removed:  # the members, and constants only they read (the body has its copies)
             self._remove(m)
-        nodes[name] = call
-        added = [call]
-        # Names the caller runs or fetches stay: a tensor as an Identity of the call's output, an op as a NoOp after it.
-        for fetch in sorted(fetched, key=lambda f: ":" not in f):
-            if _source(fetch) in nodes:
-                continue
-            if ":" in fetch:
-                stub = tf.compat.v1.NodeDef(name=_source(fetch), op="Identity", device=call.device,
-                                            input=[f"{name}:{position[_tensor(fetch)]}"])
-                stub.attr["T"].type = types[position[_tensor(fetch)]][0].as_datatype_enum
-            else:
-                stub = tf.compat.v1.NodeDef(name=fetch, op="NoOp", device=call.device, input=["^" + name])
-            nodes[stub.name] = stub
-            added.append(stub)
-        for target in outside:
-            node = nodes[target]
-            rewired = []
-            for text in node.input:
-                if _source(text) not in members:
-                    rewired.append(text)
-                elif text.startswith("^"):
-                    rewired.append("^" + name) if "^" + name not in rewired else None
-                else:
-                    rewired.append(f"{name}:{position[_tensor(text)]}")
-            del node.input[:]
-            node.input.extend(rewired)
-            self._unlink_inputs(target)
+        added = [call, *_stubs(call, fetched, position, output_types)]
+        for node in outside:
+            _rewire(nodes[node], members, name, position)
+            self._unlink_inputs(node)
+        for node in added:
+            nodes[node.name] = node
         for node in [*(nodes[t] for t in outside), *added]:
             self._link(node)
         self.order = [n for n in self.order if n not in removed] + [node.name for node in added]
@@ -241,6 +207,53 @@ class _Graph:
             copy.CopyFrom(node)
         del self.graph_def.node[:]
         self.graph_def.node.extend(copies)
+
+
+def _call_node(name: str, function: str, inputs: list[str], specs, output_types, device: str):
+    """`StatefulPartitionedCall` of `function` marked `_XlaMustCompile`, as `tf.function(jit_compile=True)` calls."""
+    import tensorflow as tf
+
+    call = tf.compat.v1.NodeDef(name=name, op="StatefulPartitionedCall", input=inputs, device=device)
+    call.attr["f"].func.name = function
+    call.attr["Tin"].list.type.extend(spec.dtype.as_datatype_enum for spec in specs)
+    call.attr["Tout"].list.type.extend(dtype.as_datatype_enum for dtype, _ in output_types)
+    call.attr["_XlaMustCompile"].b = True
+    for key in ("config", "config_proto", "executor_type"):
+        call.attr[key].s = b""
+    return call
+
+
+def _stubs(call, fetched: list[str], position: dict[str, int], output_types) -> list:
+    """What keeps the fetched names of the call's members: an Identity of the call's output for a tensor (`op:k`),
+    a NoOp after the call for an op."""
+    import tensorflow as tf
+
+    stubs = {}
+    for fetch in sorted(fetched, key=lambda f: ":" not in f):  # tensors first: an Identity also runs as the op
+        name = _source(fetch)
+        if name in stubs:
+            continue
+        if ":" in fetch:
+            k = position[_tensor(fetch)]
+            stubs[name] = tf.compat.v1.NodeDef(name=name, op="Identity", device=call.device, input=[f"{call.name}:{k}"])
+            stubs[name].attr["T"].type = output_types[k][0].as_datatype_enum
+        else:
+            stubs[name] = tf.compat.v1.NodeDef(name=name, op="NoOp", device=call.device, input=["^" + call.name])
+    return list(stubs.values())
+
+
+def _rewire(node, members: set[str], call: str, position: dict[str, int]) -> None:
+    """`node`'s inputs from `members` taken from the call instead."""
+    rewired = []
+    for text in node.input:
+        if _source(text) not in members:
+            rewired.append(text)
+        elif text.startswith("^"):
+            _add(rewired, "^" + call)
+        else:
+            rewired.append(f"{call}:{position[_tensor(text)]}")
+    del node.input[:]
+    node.input.extend(rewired)
 
 
 def _drop_colocation(node, members: set[str]) -> None:
