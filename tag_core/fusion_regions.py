@@ -25,6 +25,7 @@ from __future__ import annotations
 from functools import cache
 
 from .disjoint_sets import DisjointSets
+from .graph import reachable
 
 LIBRARY_SLOWDOWN = 2.0
 OUTSIDE = {
@@ -66,7 +67,8 @@ def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[li
     """Connected pieces (along data and control edges) of the ops the step runs for `roots` (the names it fetches)
     that may join a region, less `excluded`; each piece of two or more ops is one region, its ops in the GraphDef's
     order. A piece that reads only constants is left out: grappler folds it before XLA would see it."""
-    runs = _ancestors(graph_def, roots)
+    inputs = {node.name: [text.lstrip("^").split(":")[0] for text in node.input] for node in graph_def.node}
+    runs = reachable({root.split(":")[0] for root in roots} & set(inputs), inputs)
     nodes = [node for node in graph_def.node if node.name in runs and node.name not in excluded and may_join(node)]
     index = {node.name: i for i, node in enumerate(nodes)}
     op_type = {node.name: node.op for node in graph_def.node}
@@ -84,18 +86,6 @@ def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[li
         pieces.setdefault(int(root), []).append(i)
     return [[nodes[i].name for i in members] for members in pieces.values()
             if len(members) > 1 and reads_data.intersection(members)]
-
-
-def _ancestors(graph_def, roots: list[str]) -> set[str]:
-    inputs = {node.name: [text.lstrip("^").split(":")[0] for text in node.input] for node in graph_def.node}
-    seen = {root.split(":")[0] for root in roots} & set(inputs)
-    stack = list(seen)
-    while stack:
-        for source in inputs.get(stack.pop(), ()):
-            if source not in seen:
-                seen.add(source)
-                stack.append(source)
-    return seen
 
 
 def session_config(plan, config=None):

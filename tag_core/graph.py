@@ -259,16 +259,16 @@ def _classify(kept, inputs, step, bigger, input_nodes, index_of, edges, sources)
         predecessors[e.dst].append(e.src)
         successors[e.src].append(e.dst)
     loss_op = sources(*_split(step.loss_tensor))[0][0]
-    forward = _reach([index_of[loss_op]], predecessors)
+    forward = reachable([index_of[loss_op]], predecessors)
     gradient_roots = [
         index_of[src] for v in step.variables if v.gradient for src, _ in sources(*_split(v.gradient))
     ]
-    backward = _reach(gradient_roots, predecessors) - forward
+    backward = reachable(gradient_roots, predecessors) - forward
     optimizer_reads = [
         i for i, node in enumerate(kept)
         if any(variables.get(name) is not None and variables[name].owner == "optimizer" for name, _ in inputs[node.name])
     ]
-    after_gradients = _reach(list(backward) + optimizer_reads, successors) - backward - forward
+    after_gradients = reachable(list(backward) + optimizer_reads, successors) - backward - forward
 
     ops = []
     for i, node in enumerate(kept):
@@ -307,7 +307,8 @@ def _split(tensor: str) -> tuple[str, int]:
     return name, int(index or 0)
 
 
-def _reach(start: list[int], neighbours: list[list[int]]) -> set[int]:
+def reachable(start, neighbours) -> set:
+    """`start` and every node reachable from it; `neighbours[node]` lists a node's next nodes (a list or a dict)."""
     seen = set(start)
     stack = list(start)
     while stack:

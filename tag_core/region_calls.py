@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .graph import reachable
+
 CALL_PREFIX = "tag_region"
 
 
@@ -46,7 +48,7 @@ def compile_as_calls(graph_def, regions: list[list[str]], fetches: list[str]) ->
             continue
         between = graph.between(members)
         if between:  # contracting would make a cycle: split off what reaches the nodes in between
-            first = members & graph.reach(between, graph.predecessors)
+            first = members & reachable(between, graph.predecessors)
             pending[:0] = [first, members - first]
             done.splits += 1
             continue
@@ -113,18 +115,9 @@ class _Graph:
             self.predecessors[target].discard(name)
         del self.nodes[name]
 
-    def reach(self, start, neighbours) -> set[str]:
-        seen, stack = set(), list(start)
-        while stack:
-            for other in neighbours[stack.pop()]:
-                if other not in seen:
-                    seen.add(other)
-                    stack.append(other)
-        return seen
-
     def between(self, members: set[str]) -> set[str]:
         """Nodes outside `members` on a path from one member to another."""
-        return (self.reach(members, self.successors) & self.reach(members, self.predecessors)) - members
+        return (reachable(members, self.successors) & reachable(members, self.predecessors)) - members
 
     def unique(self, name: str) -> str:
         candidate, k = name, 0
