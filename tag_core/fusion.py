@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import TagInputError
-from .graph import OpGraph
+from .graph import OpGraph, input_node
 from .gpu_catalog import GpuType, lookup_gpu
 
 COMPUTE = {
@@ -404,7 +404,7 @@ def _mark_scopes(graph_def, scope_of: dict[str, str]) -> int:
     consumers: dict[str, set[str]] = {}
     for node in graph_def.node:
         for text in node.input:
-            consumers.setdefault(text.lstrip("^").split(":")[0], set()).add(node.name)
+            consumers.setdefault(input_node(text), set()).add(node.name)
     for node in graph_def.node:
         if node.op == "Const" and node.name not in scope_of:
             scopes = {scope_of.get(c) for c in consumers.get(node.name, ())}

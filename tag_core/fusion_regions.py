@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import cache
 
 from .disjoint_sets import DisjointSets
-from .graph import reachable
+from .graph import input_node, reachable
 
 LIBRARY_SLOWDOWN = 2.0
 OUTSIDE = {
@@ -67,7 +67,7 @@ def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[li
     """Connected pieces (along data and control edges) of the ops the step runs for `roots` (the names it fetches)
     that may join a region, less `excluded`; each piece of two or more ops is one region, its ops in the GraphDef's
     order. A piece that reads only constants is left out: grappler folds it before XLA would see it."""
-    inputs = {node.name: [text.lstrip("^").split(":")[0] for text in node.input] for node in graph_def.node}
+    inputs = {node.name: [input_node(text) for text in node.input] for node in graph_def.node}
     runs = reachable({root.split(":")[0] for root in roots} & set(inputs), inputs)
     nodes = [node for node in graph_def.node if node.name in runs and node.name not in excluded and may_join(node)]
     index = {node.name: i for i, node in enumerate(nodes)}
@@ -76,7 +76,7 @@ def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[li
     reads_data = set()
     for i, node in enumerate(nodes):
         for text in node.input:
-            source = text.lstrip("^").split(":")[0]
+            source = input_node(text)
             if source in index:
                 sets.union(index[source], i)
             elif op_type.get(source) != "Const":

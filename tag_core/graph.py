@@ -307,6 +307,11 @@ def _split(tensor: str) -> tuple[str, int]:
     return name, int(index or 0)
 
 
+def input_node(text: str) -> str:
+    """The node a NodeDef input names: `name`, `name:k` or `^name` (a control input)."""
+    return text.lstrip("^").split(":")[0]
+
+
 def reachable(start, neighbours) -> set:
     """`start` and every node reachable from it; `neighbours[node]` lists a node's next nodes (a list or a dict)."""
     seen = set(start)

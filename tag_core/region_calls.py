@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .graph import reachable
+from .graph import input_node, reachable
 
 CALL_PREFIX = "tag_region"
 
@@ -67,10 +67,6 @@ def _add(items: list, item) -> None:
         items.append(item)
 
 
-def _source(text: str) -> str:
-    return text.lstrip("^").split(":")[0]
-
-
 def _tensor(text: str) -> str:
     name, _, index = text.partition(":")
     return f"{name}:{index or 0}"
@@ -101,7 +97,7 @@ class _Graph:
 
     def _link(self, node) -> None:
         for text in node.input:
-            source = _source(text)
+            source = input_node(text)
             self.successors[source].add(node.name)
             self.predecessors[node.name].add(source)
 
@@ -138,21 +134,21 @@ class _Graph:
         import tensorflow as tf
 
         nodes = self.nodes
-        constants = {s for m in members for s in map(_source, nodes[m].input) if _free_constant(nodes[s])} - members
+        constants = {s for m in members for s in map(input_node, nodes[m].input) if _free_constant(nodes[s])} - members
         inside = members | constants
         body = [n for n in self.order if n in inside]
         inputs, control_inputs = [], []
-        for text in (t for n in body for t in nodes[n].input if _source(t) not in inside):
+        for text in (t for n in body for t in nodes[n].input if input_node(t) not in inside):
             if text.startswith("^"):
-                _add(control_inputs, "^" + _source(text))
+                _add(control_inputs, "^" + input_node(text))
             else:
                 _add(inputs, _tensor(text))
         outside = sorted(set().union(*(self.successors[m] for m in members)) - members)
         outputs = []  # what outside nodes read, then the tensors the caller fetches
         for text in (t for target in outside for t in nodes[target].input):
-            if not text.startswith("^") and _source(text) in members:
+            if not text.startswith("^") and input_node(text) in members:
                 _add(outputs, _tensor(text))
-        fetched = [f for f in fetches if _source(f) in members]
+        fetched = [f for f in fetches if input_node(f) in members]
         for fetch in fetched:
             if ":" in fetch:
                 _add(outputs, _tensor(fetch))
@@ -171,7 +167,7 @@ class _Graph:
                           devices.pop() if len(devices) == 1 else "")
         position = {tensor: k for k, tensor in enumerate(outputs)}
         self.known.update({f"{name}:{k}": output_types[k] for k in range(len(outputs))})
-        fetched_names = {_source(f) for f in fetches}
+        fetched_names = {input_node(f) for f in fetches}
         removed = members | {c for c in constants if self.successors[c] <= members and c not in fetched_names}
         for m in removed:  # the members, and constants only they read (the body has its copies)
             self._remove(m)
@@ -223,7 +219,7 @@ def _stubs(call, fetched: list[str], position: dict[str, int], output_types) -> 
 
     stubs = {}
     for fetch in sorted(fetched, key=lambda f: ":" not in f):  # tensors first: an Identity also runs as the op
-        name = _source(fetch)
+        name = input_node(fetch)
         if name in stubs:
             continue
         if ":" in fetch:
@@ -239,7 +235,7 @@ def _rewire(node, members: set[str], call: str, position: dict[str, int]) -> Non
     """`node`'s inputs from `members` taken from the call instead."""
     rewired = []
     for text in node.input:
-        if _source(text) not in members:
+        if input_node(text) not in members:
             rewired.append(text)
         elif text.startswith("^"):
             _add(rewired, "^" + call)
@@ -270,7 +266,7 @@ def _trace_body(nodes: list, inside: set[str], inputs: list[str], outputs: list[
         copy = body.node.add()
         copy.CopyFrom(node)
         del copy.input[:]
-        copy.input.extend(t for t in node.input if not t.startswith("^") or _source(t) in inside)
+        copy.input.extend(t for t in node.input if not t.startswith("^") or input_node(t) in inside)
         copy.device = ""
         for key in ("_class", "_XlaCompile", "_XlaScope", "_XlaSeparateCompiledGradients"):
             if key in copy.attr:
