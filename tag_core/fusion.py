@@ -350,11 +350,17 @@ def mark_for_xla(graph_def, plan: FusionPlan, fetches: list[str]) -> dict:
     """Mark each pattern's nodes (and constants only they read) as one XLA cluster, and compile each region as one
     must-compile function call (`region_calls.py`). `fetches`: the names the caller runs or fetches (`op` or
     `op:k`), which stay in the graph. Returns what was marked."""
-    from .region_calls import compile_as_calls
-
     marked = _mark_scopes(graph_def, pattern_scopes(plan))
-    calls = compile_as_calls(graph_def, plan.regions, fetches)
-    return {"patterns": len(plan.patterns), "nodes_marked": marked, **calls.to_json()}
+    return {"patterns": len(plan.patterns), "nodes_marked": marked, **_compile_regions(graph_def, plan.regions, fetches)}
+
+
+def _compile_regions(graph_def, regions: list[list[str]], fetches: list[str]) -> dict:
+    """Rewrite the regions' dense segment sums as gathers (`segment_sums.py`), then make each region a call."""
+    from .region_calls import compile_as_calls
+    from .segment_sums import rewrite_as_gathers
+
+    regions, gathers = rewrite_as_gathers(graph_def, regions)
+    return {**compile_as_calls(graph_def, regions, fetches).to_json(), "segment_sums_as_gathers": gathers}
 
 
 EMITTED_COPY = re.compile(r"^tag/p(\d+)/([rg]\d+)/(.+)$")
@@ -369,8 +375,6 @@ def mark_emitted_for_xla(graph_def, plan: FusionPlan, fetches: list[str]) -> dic
     different scopes never merge). A region's ops on one device are one function call whatever their placement.
     Returns what was marked.
     """
-    from .region_calls import compile_as_calls
-
     pattern_of = pattern_scopes(plan)
     region_of = {name: k for k, region in enumerate(plan.regions) for name in region}
     scope_of: dict[str, str] = {}
@@ -386,9 +390,9 @@ def mark_emitted_for_xla(graph_def, plan: FusionPlan, fetches: list[str]) -> dic
             scope = f"{pattern_of[name]}/p{match.group(1)}/{match.group(2)}"
             scope_of[node.name] = f"{scope}/{_short_device(node.device)}" if node.device else scope
     marked = _mark_scopes(graph_def, scope_of)
-    calls = compile_as_calls(graph_def, list(regions.values()), fetches)
+    calls = _compile_regions(graph_def, list(regions.values()), fetches)
     return {"patterns": len(plan.patterns), "ops_fused": plan.ops_fused, "regions": len(plan.regions),
-            "clusters": len(set(scope_of.values())) + len(calls.calls), "nodes_marked": marked, **calls.to_json()}
+            "clusters": len(set(scope_of.values())) + calls["calls"], "nodes_marked": marked, **calls}
 
 
 def _short_device(device: str) -> str:
