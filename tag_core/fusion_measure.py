@@ -224,26 +224,6 @@ def _timed_runs(run, steps: int, warmup: int) -> tuple[float, list[float]]:
     return first, times
 
 
-def _main(argv: list[str]) -> int:
-    mode, model, batch, step_file, plan_file, steps, warmup = argv
-    from .models import resolve_model
-
-    spec = resolve_model(model, int(batch))
-    if mode == "jit":
-        result = _jit_step(spec, int(batch), int(steps), int(warmup))
-    elif mode.startswith("paired"):
-        modes = mode.partition(":")[2].split(",") if ":" in mode else MODES
-        result = _paired(spec, step_file, plan_file, int(steps), int(warmup), tuple(modes))
-    else:
-        result = _session_step(mode, spec, step_file, plan_file, int(steps), int(warmup))
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
-
-
 def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bool = False, steps: int = 10,
                progress: bool = False, regions: bool = True):
     """Plan fusion for a captured model; optionally tune it (per pattern, per library call when `regions`, then
@@ -270,3 +250,24 @@ def fuse_model(spec, graph, step_file: str, gpu, tune: bool = False, measure: bo
         plan.measured["step_ms"] = {mode: result["step_ms"] for mode, result in modes.items()}
         plan.measured["kernels_per_step"] = {mode: result["kernels"] for mode, result in modes.items()}
     return plan
+
+
+def _main(argv: list[str]) -> int:
+    mode, model, batch, step_file, plan_file, steps, warmup = argv
+    from .models import resolve_model
+
+    spec = resolve_model(model, int(batch))
+    if mode == "jit":
+        result = _jit_step(spec, int(batch), int(steps), int(warmup))
+    elif mode.startswith("paired"):
+        modes = mode.partition(":")[2].split(",") if ":" in mode else MODES
+        result = _paired(spec, step_file, plan_file, int(steps), int(warmup), tuple(modes))
+    else:
+        result = _session_step(mode, spec, step_file, plan_file, int(steps), int(warmup))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
+
