@@ -251,7 +251,7 @@ def findings(rows: list[dict]) -> list[str]:
                    f"tag {spread['tag'][0]:.1f}–{spread['tag'][1]:.1f} ms. Per-pattern tuning kept "
                    f"{row['tuning'].get('tuned_patterns_kept', 0)} of {row['planned']['patterns']} patterns "
                    f"({row['tune_s']:.0f} s); the step check (paired ratios to the plain step over "
-                   f"{check.get('rounds', 0)} rounds: {variants or 'nothing to check'}) kept "
+                   f"at least {check.get('rounds', 0)} rounds each: {variants or 'nothing to check'}) kept "
                    f"{row['plan']['tag']['patterns']} ({row['plan']['tag']['ops_fused']} ops"
                    f"{', in ' + str(row['plan']['tag']['regions']) + ' region(s)' if row['plan']['tag'].get('regions') else ''}), "
                    f"{row.get('step_check_s', 0):.0f} s; {row['steps']} timed steps per run, "

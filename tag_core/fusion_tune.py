@@ -167,7 +167,9 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
     ratios, rounds, plain_times = [], [], []
     try:
         for _ in range(2):
+            start = time.perf_counter()
             plain_session.run(fetches, feed_dict=feed)
+        warm = time.perf_counter() - start  # the plain step's time should no variant compile
         for variant in variants:  # each alone beside the plain step: variants' sessions never share the process
             found = _paired_with_plain(plain_session, session_for(variant), fetches, feed, seconds)
             ratios.append(found[0] if found else float("inf"))
@@ -178,7 +180,7 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
     best = int(np.argmin(ratios))
     chosen = variants[best] if ratios[best] <= 1.0 - margin else replace(plan, patterns=[], regions=[])
     measured = dict(chosen.measured, step_check={
-        "plain_ms": round(float(np.median(plain_times)) * 1e3, 3) if plain_times else None,
+        "plain_ms": round(float(np.median(plain_times or [warm])) * 1e3, 3),
         "rounds": min((n for n in rounds if n), default=0),
         "variants": [{"patterns": len(v.patterns), "regions": len(v.regions), "rounds": n,
                       **({"ratio": round(r, 4)} if np.isfinite(r) else {"failed": True})}

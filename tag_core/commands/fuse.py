@@ -54,7 +54,7 @@ def run(args) -> int:
     if check:
         tried = ", ".join(f"{_variant(v)} " + (f"x{v['ratio']:.3f}" if "ratio" in v else "failed to compile")
                           for v in check["variants"])
-        print(f"step check against the plain step ({check['plain_ms']:.1f} ms, {check['rounds']} rounds): {tried}; "
+        print(f"step check against the plain step ({check['plain_ms']:.1f} ms, at least {check['rounds']} rounds each): {tried}; "
               f"kept {_variant({'patterns': check['kept_patterns'], 'regions': check.get('kept_regions', 0)})}")
     print(f"{spec.name}: {len(plan.patterns)} patterns fuse {plan.ops_fused} ops; "
           f"kernels {plan.kernels_before} -> {plan.kernels_after} (planned); "
