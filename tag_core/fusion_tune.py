@@ -20,8 +20,8 @@ them that saved most, and with the compiled regions tuning proposed
 (`fusion_regions.py`). Each variant has the process to itself beside the plain
 step, its session closed before the next one opens: with the pattern
 variants' sessions open beside it, a region's step on the transformer measured
-0.90-0.98 of the plain step, against 0.82-0.84 alone. The regions go first. The fastest is kept if it beats the plain step by `STEP_MARGIN`;
-otherwise the plan is emptied, which is the plain step. A tuned plan is
+0.90-0.98 of the plain step, against 0.82-0.84 alone. The regions go first.
+The fastest is kept if it beats the plain step by `STEP_MARGIN`; otherwise the plan is emptied, which is the plain step. A tuned plan is
 therefore never slower than no XLA beyond the noise of that comparison.
 """
 
@@ -146,7 +146,7 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
     variants = [replace(plan, patterns=[plan.patterns[k] for k in sorted(ranked[:n])], regions=[],
                         measured=dict(plan.measured, pattern_saving_us=[saving[k] for k in sorted(ranked[:n])]))
                 for n in sizes]
-    if plan.regions:  # first, before any pattern's cluster has run in this process
+    if plan.regions:  # timed first
         variants.insert(0, plan)
     feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
     fetches = [step.loss_tensor, step.train_ops]
