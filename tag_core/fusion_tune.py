@@ -21,8 +21,8 @@ them that saved most, and with the compiled regions tuning proposed
 step, its session closed before the next one opens: with the pattern
 variants' sessions open beside it, a region's step on the transformer measured
 0.90-0.98 of the plain step, against 0.82-0.84 alone. The regions go first.
-The fastest is kept if it beats the plain step by `STEP_MARGIN`; otherwise the plan is emptied, which is the plain step. A tuned plan is
-therefore never slower than no XLA beyond the noise of that comparison.
+The fastest is kept if it beats the plain step by `STEP_MARGIN`; otherwise the
+plan is emptied, which is the plain step. A tuned plan is therefore never slower than no XLA beyond the noise of that comparison.
 """
 
 from __future__ import annotations
