@@ -14,7 +14,7 @@ Here each such sum becomes a small segment sum and a gather of it, which XLA fus
     dense[i]    = compact[min(first[i], n)]
 
 Each row is summed in the same order as the original sum, so the result is the same to the bit. On a 30522 × 768
-Adam update (two such sums) compiled by XLA, this took 19.8 ms against 37.5 ms.
+Adam update (two such sums) compiled by XLA, this took 18.1 ms against 39.3 ms (`benchmarks/segment_sums.py`).
 """
 
 from __future__ import annotations
