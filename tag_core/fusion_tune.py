@@ -152,8 +152,7 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
     fetches = [step.loss_tensor, step.train_ops]
 
     def session_for(variant):
-        graph_def = tf.compat.v1.GraphDef()
-        graph_def.CopyFrom(step.graph_def)
+        graph_def = _copy(step.graph_def)
         if variant is not None:
             mark_for_xla(graph_def, variant, step_fetches(step))
         graph = tf.Graph()

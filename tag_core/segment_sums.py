@@ -19,6 +19,8 @@ Adam update (two such sums) compiled by XLA, this took 18.1 ms against 39.3 ms (
 
 from __future__ import annotations
 
+from math import prod
+
 from .graph import input_node
 
 SUFFIX = "by_gather"
@@ -55,7 +57,6 @@ def rewrite_as_gathers(graph_def, regions: list[list[str]]) -> tuple[list[list[s
 def _static_shapes(graph_def, names: list[str]) -> dict[str, tuple[list[int], list[int], int]]:
     """{sum: (data shape, ids shape, output rows)} for the sums worth rewriting: static shapes, more output rows
     than input rows."""
-    import numpy as np
     import tensorflow as tf
 
     graph = tf.Graph()
@@ -67,8 +68,7 @@ def _static_shapes(graph_def, names: list[str]) -> dict[str, tuple[list[int], li
         data, ids, output = op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape
         if not (data.is_fully_defined() and ids.is_fully_defined() and output.rank and output[0] is not None):
             continue
-        positions = int(np.prod(ids.as_list()))
-        if output[0] > positions:
+        if output[0] > prod(ids.as_list()):
             shapes[name] = (data.as_list(), ids.as_list(), int(output[0]))
     return shapes
 
@@ -79,9 +79,7 @@ def _replacement(node, data_shape: list[int], ids_shape: list[int], rows: int) -
 
     data_type = tf.dtypes.as_dtype(node.attr["T"].type)
     ids_type = tf.dtypes.as_dtype(node.attr["Tindices"].type)
-    positions = 1
-    for size in ids_shape:
-        positions *= size
+    positions = prod(ids_shape)
     graph = tf.Graph()
     with graph.as_default():
         data = tf.compat.v1.placeholder(data_type, data_shape, name="data")
