@@ -68,7 +68,7 @@ def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[li
     that may join a region, less `excluded`; each piece of two or more ops is one region, its ops in the GraphDef's
     order. A piece that reads only constants is left out: grappler folds it before XLA would see it."""
     inputs = {node.name: [input_node(text) for text in node.input] for node in graph_def.node}
-    runs = reachable({root.split(":")[0] for root in roots} & set(inputs), inputs)
+    runs = reachable({input_node(root) for root in roots} & set(inputs), inputs)
     nodes = [node for node in graph_def.node if node.name in runs and node.name not in excluded and may_join(node)]
     index = {node.name: i for i, node in enumerate(nodes)}
     op_type = {node.name: node.op for node in graph_def.node}

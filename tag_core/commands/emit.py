@@ -22,8 +22,9 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, help="global batch (default: the plan's, else the model's)")
     parser.add_argument("--fusion", nargs="?", const="stored", metavar="FUSION_JSON",
                         help="mark TAG's fusion plan in the emitted graph: each copy of each fused pattern becomes "
-                             "one XLA cluster, each region on a device one must-compile call. Alone: the stored plan of this graph (the fusion_plan asset's), else "
-                             "a fresh untuned one; with a file: a plan from `tag fuse --json`")
+                             "one XLA cluster, each region on a device one must-compile call. Alone: the stored "
+                             "plan of this graph (the fusion_plan asset's), else a fresh untuned one; with a file: "
+                             "a plan from `tag fuse --json`")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(run=run)
