@@ -7,8 +7,7 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 from dagster_duckdb import DuckDBResource
 
 from tag_core import store
-from tag_core.captures import capture_model
-from tag_core.models import resolve_model
+from tag_core.capture import capture_model, resolve_model
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store

@@ -19,12 +19,12 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tag_core import store
-from tag_core.captures import model_slug
+from tag_core.capture import resolve_model
+from tag_core.capture.steps import model_slug
+from tag_core.cluster import recorded_topology
 from tag_core.emit import Emission, emit_folder
 from tag_core.errors import TagInputError
-from tag_core.models import resolve_model
 from tag_core.runtime import run_emitted
-from tag_core.snapshots import recorded_topology
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store

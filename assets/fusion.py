@@ -11,9 +11,9 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tag_core import store
-from tag_core.fusion_measure import fuse_model
-from tag_core.gpu_catalog import lookup_gpu
-from tag_core.models import resolve_model
+from tag_core.capture import load_op_graph, resolve_model
+from tag_core.cluster import lookup_gpu
+from tag_core.fusion import fuse_model
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
@@ -38,7 +38,7 @@ def fusion_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: 
         spec = resolve_model(context.partition_key)
         gpu = lookup_gpu(config.gpu, "gpu")
         with open_store(duckdb) as conn:
-            graph = store.load_op_graph(conn, spec.name)
+            graph = load_op_graph(conn, spec.name)
             step_file = store.captured_model(conn, spec.name)["step_file"]
         plan = fuse_model(spec, graph, step_file, gpu, tune=config.tune, measure=config.measure, steps=config.steps,
                           regions=config.regions)

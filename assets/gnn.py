@@ -12,14 +12,22 @@ shipped data/checkpoints/default.pt.
 
 from typing import List, Optional
 
-from dagster import AssetExecutionContext, AutomationCondition, Config, DataVersion, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetExecutionContext,
+    AutomationCondition,
+    Config,
+    DataVersion,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tag_core import store
+from tag_core.capture import BENCHMARK_MODELS, load_op_graph, resolve_model
 from tag_core.errors import TagInputError
-from tag_core.models import BENCHMARK_MODELS, resolve_model
-from tag_core.plots import markdown_image
+from tag_core.report import markdown_image
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
@@ -42,7 +50,8 @@ def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, confi
     from tag_core.gnn.checkpoint import load_checkpoint
     from tag_core.gnn.prior import trained_checkpoint
     from tag_core.gnn.problems import ModelSource
-    from tag_core.gnn.train import TrainConfig, curve_png, train
+    from tag_core.gnn.train import TrainConfig, train
+    from tag_core.report import training_curve
 
     with input_errors_as_failures():
         path = trained_checkpoint()
@@ -52,14 +61,14 @@ def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, confi
             missing = [n for n in names if store.captured_model(conn, n) is None]
             if missing:
                 raise TagInputError("models", f"not captured yet: {', '.join(missing)} (materialize training_graph)")
-            loaded = {n: (store.load_op_graph(conn, n), store.load_profiles(conn, n)) for n in names}
+            loaded = {n: (load_op_graph(conn, n), store.load_profiles(conn, n)) for n in names}
         cfg = TrainConfig(models=names, minutes=config.minutes, generations=config.generations,
                           topologies=config.topologies, seed=config.seed, episodes=config.episodes,
                           iterations=config.iterations)
         sources = {n: ModelSource.build(n, g, p, cfg.groups) for n, (g, p) in loaded.items()}
         digest, training, metrics = train(cfg, sources, path, resume=resume, show_progress=False,
                                           log=context.log.info)
-    curve = curve_png(metrics)
+    curve = training_curve(metrics)
     return MaterializeResult(
         metadata={
             "path": MetadataValue.path(str(path)),

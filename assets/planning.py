@@ -7,7 +7,6 @@ import hashlib
 import json
 import re
 import uuid
-from pathlib import Path
 from typing import Optional
 
 from dagster import (
@@ -24,17 +23,14 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tag_core import store
+from tag_core.capture import load_op_graph, resolve_model
+from tag_core.cluster import load_topology, recorded_topology, topology_directory
 from tag_core.errors import TagInputError
 from tag_core.fusion import FusionPlan
 from tag_core.gnn.prior import pipeline_prior
-from tag_core.grouping import DEFAULT_GROUPS, OpGroups
-from tag_core.mcts import Budget
-from tag_core.models import resolve_model
-from tag_core.plots import markdown_image
-from tag_core.planner import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
-from tag_core.report import plan_pictures
-from tag_core.snapshots import recorded_topology, topology_directory
-from tag_core.topology import load_topology
+from tag_core.plan import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
+from tag_core.report import markdown_image, plan_pictures
+from tag_core.search import DEFAULT_GROUPS, Budget, OpGroups
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
@@ -72,7 +68,7 @@ def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: Gr
     with input_errors_as_failures():
         spec = resolve_model(context.partition_key)
         with open_store(duckdb) as conn:
-            graph = store.load_op_graph(conn, spec.name)
+            graph = load_op_graph(conn, spec.name)
             groups = make_groups(graph, store.load_profiles(conn, spec.name), config.groups, config.seed)
             store.save_op_groups(conn, spec.name, graph.content_hash(), groups.to_json(), groups.content_hash())
     top = "\n".join(f"| {g} | {len(groups.members(g))} | {groups.group_time_us[g]:.0f} |"
@@ -147,7 +143,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
     with input_errors_as_failures():
         spec = resolve_model(model_key)
         with open_store(duckdb) as conn:  # read everything, then let go of the store during the search
-            graph = store.load_op_graph(conn, spec.name)
+            graph = load_op_graph(conn, spec.name)
             profiles = store.load_profiles(conn, spec.name)
             profile_hash = store.profile_set_hash(conn, spec.name)
             stored_groups = store.load_op_groups(conn, spec.name)

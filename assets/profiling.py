@@ -7,7 +7,7 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 from dagster_duckdb import DuckDBResource
 
 from tag_core import store
-from tag_core.models import resolve_model
+from tag_core.capture import resolve_model
 from tag_core.profile import profile_model
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions

@@ -10,8 +10,8 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 from dagster_duckdb import DuckDBResource
 
 from tag_core import store
+from tag_core.capture import resolve_model
 from tag_core.errors import TagInputError
-from tag_core.models import resolve_model
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store

@@ -14,10 +14,8 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent

@@ -28,13 +28,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tag_core.emit import emit, read_plan, write_emission  # noqa: E402
-from tag_core.models import resolve_model  # noqa: E402
-from tag_core.planner import make_groups  # noqa: E402
-from tag_core.runtime import run_emitted  # noqa: E402
-from tag_core.strategy import OPTIONS, Strategy  # noqa: E402
-from tag_core.topology import load_topology, parse_topology  # noqa: E402
 from results_md import write_section  # noqa: E402  (benchmarks/ is the script's folder)
+
+from tag_core.capture import resolve_model  # noqa: E402
+from tag_core.cluster import load_topology, parse_topology  # noqa: E402
+from tag_core.emit import emit, read_plan, write_emission  # noqa: E402
+from tag_core.plan import make_groups  # noqa: E402
+from tag_core.runtime import run_emitted  # noqa: E402
+from tag_core.simulate import OPTIONS, Strategy  # noqa: E402
 
 MODELS = {
     "mlp": ("mlp", 32),
@@ -120,7 +121,7 @@ def markdown(rows: list[dict], cluster_rows: list[dict]) -> str:
              "step after the first, \"1-device ms\" the single-device step on the same data; each step is "
              "compared from the same variables; \"left out\": the largest share of variable elements (model and "
              "optimizer) a step left out because float32 does not determine their gradient (see "
-             "tag_core/runtime_check.py).",
+             "tag_core/runtime/check.py).",
              "",
              "| model | batch | strategy | ops (1 device) | ops emitted | collectives | emit s | write s "
              "| step ms | 1-device ms | max rel. diff | left out | check |",

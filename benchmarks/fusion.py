@@ -2,8 +2,8 @@
 
     python benchmarks/fusion.py [--models transformer,bert_base,...] [--repeats 3] [--steps 5] [--markdown]
 
-For each model: capture the step, plan fusion (`tag_core.fusion.plan_fusion`), tune the plan per pattern
-(`tag_core.fusion_tune.tune_plan`: each pattern timed here as TF ops and as one XLA cluster, kept only when
+For each model: capture the step, plan fusion (`tag_core.fusion.patterns.plan_fusion`), tune the plan per pattern
+(`tag_core.fusion.tune.tune_plan`: each pattern timed here as TF ops and as one XLA cluster, kept only when
 the cluster wins), then time the step in the four modes of `tag fuse --measure`, each in its own process.
 Each mode runs `--repeats` times (modes interleaved, so load from other work on the machine hits every mode
 alike); a run times `--steps` steps after `--warmup` and its median is one sample. The table reports the
@@ -29,13 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tag_core.captures import save_step  # noqa: E402
-from tag_core.fusion import plan_fusion  # noqa: E402
-from tag_core.fusion_measure import FUSIBLE_ONLY_FLAGS, MODES, measure_modes, measure_paired  # noqa: E402
-from tag_core.fusion_tune import STEP_MARGIN, check_step, step_fetches, step_values, tune_plan  # noqa: E402
-from tag_core.graph import capture  # noqa: E402
-from tag_core.models import resolve_model  # noqa: E402
 from results_md import write_section  # noqa: E402  (benchmarks/ is the script's folder)
+
+from tag_core.capture import capture, resolve_model, save_step  # noqa: E402
+from tag_core.fusion import check_step, plan_fusion, step_fetches, tune_plan  # noqa: E402
+from tag_core.fusion.measure import FUSIBLE_ONLY_FLAGS, MODES, measure_modes, measure_paired  # noqa: E402
+from tag_core.fusion.step_check import STEP_MARGIN  # noqa: E402
+from tag_core.fusion.tune import step_values  # noqa: E402
 
 # Reduced for a 2-core CPU; the widths are the published ones unless the name says otherwise.
 # model: (spec, batch, timed steps per run, paired rounds)
@@ -149,8 +149,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"`TF_XLA_FLAGS=\"--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit\"`; `jit` the whole step under "
              f"`tf.function(jit_compile=True)`; `tag` TAG's fusion plan after tuning (per pattern and per library "
              f"call, then the step check): each kept pattern one XLA cluster, or, when the step check found it "
-             f"fastest, compiled regions (tag_core/fusion_regions.py: whole connected parts of the step, each run as "
-             f"one must-compile function call, tag_core/region_calls.py: one XLA program with compute ops as library "
+             f"fastest, compiled regions (tag_core/fusion/regions.py: whole connected parts of the step, each run as "
+             f"one must-compile function call, tag_core/fusion/region_calls.py: one XLA program with compute ops as library "
              f"calls and variables updated in place, as jit's own call). Step ms: median over {meta['repeats']} runs per mode, "
              f"each run its own process timing the model's steps after {meta['warmup']} warm-up steps, modes "
              f"interleaved. Paired: the four modes in one process, a step of each in turn, median over rounds of "

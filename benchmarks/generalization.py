@@ -8,13 +8,13 @@
     DP-NCCL or 200 iterations pass (200 then counts as 200: "not found").
 --part models (Table VIII): leave-one-out. For each zoo model, a network trained without
     it and one trained on all six (same seed and number of generations) each guide
-    `tag_core.planner.plan` on testbed.json and cloud.json; we compare the plans' times.
+    `tag_core.plan.planner.plan` on testbed.json and cloud.json; we compare the plans' times.
 --part costs: checkpoint size, training time (from the checkpoint), GNN inference time
     per MCTS step, peak RSS.
 
 Graphs and CPU profiles come from $TAG_HOME (default .tag-bench/gnn): the six zoo models at
 their default sizes (vgg19, resnet101, inception_v3, mobilenet_v2 at 224/299 px, batch 32;
-transformer and bert_base as defined in tag_core/models/text.py).
+transformer and bert_base as defined in tag_core/capture/models/text.py).
 Writes benchmarks/generalization.json, benchmarks/generalization.md and PNG figures.
 
     python benchmarks/generalization.py --part topologies --checkpoint data/checkpoints/default.pt
@@ -39,8 +39,7 @@ os.environ.setdefault("TAG_HOME", str(ROOT / ".tag-bench" / "gnn"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-
-from generalization_report import write_markdown, figure_models, figure_topologies  # noqa: E402
+from generalization_report import figure_models, figure_topologies, write_markdown  # noqa: E402
 
 MODELS = ["vgg19", "resnet101", "inception_v3", "mobilenet_v2", "transformer", "bert_base"]
 CAP = 200
@@ -49,11 +48,12 @@ OUT = HERE / "generalization.json"
 
 def load_sources(models: list[str]) -> dict:
     from tag_core import store
+    from tag_core.capture import load_op_graph
     from tag_core.gnn.problems import ModelSource
 
     conn = store.connect(read_only=True)
     try:
-        return {m: ModelSource.build(m, store.load_op_graph(conn, m), store.load_profiles(conn, m)) for m in models}
+        return {m: ModelSource.build(m, load_op_graph(conn, m), store.load_profiles(conn, m)) for m in models}
     finally:
         conn.close()
 
@@ -68,10 +68,10 @@ def iterations_to_beat(problem, prior, seed: int) -> tuple[int | None, int, floa
 
 
 def part_topologies(checkpoint: str, cases: int, first: int = 0) -> list[dict]:
+    from tag_core.cluster import random_topology
     from tag_core.errors import TagInputError
-    from tag_core.gnn.problems import BENCHMARK_SEED_BASE, build_problem
     from tag_core.gnn.prior import load_prior
-    from tag_core.topology import random_topology
+    from tag_core.gnn.problems import BENCHMARK_SEED_BASE, build_problem
 
     sources = load_sources(MODELS)
     choice = load_prior(checkpoint)
@@ -131,13 +131,13 @@ def _summary(done: list[dict]) -> dict:
 
 def part_models(generations: int, iterations: int, seed: int, workdir: Path, shipped: str) -> list[dict]:
     """Leave-one-out training, then plan each held-out model with both networks."""
+    from tag_core.cluster import load_topology
     from tag_core.gnn.checkpoint import load_checkpoint
     from tag_core.gnn.prior import GnnPrior
     from tag_core.gnn.problems import build_problem
     from tag_core.gnn.train import TrainConfig, train
-    from tag_core.mcts import Budget
-    from tag_core.planner import plan
-    from tag_core.topology import load_topology
+    from tag_core.plan import plan
+    from tag_core.search import Budget
 
     sources = load_sources(MODELS)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -181,10 +181,10 @@ def part_models(generations: int, iterations: int, seed: int, workdir: Path, shi
 
 def inference_ms(checkpoint: str, repeats: int = 30) -> list[dict]:
     """Median time of one prior call (featurize the state, run the network) on the example topologies."""
+    from tag_core.cluster import load_topology
     from tag_core.gnn.features import ProblemFeatures
     from tag_core.gnn.prior import load_prior
     from tag_core.gnn.problems import build_problem
-    from tag_core.topology import load_topology
 
     prior = load_prior(checkpoint).prior
     out = []

@@ -2,7 +2,7 @@
 
 For each zoo model × topology (examples/topologies/{testbed,cloud}.json), one fresh process
 loads the captured graph and CPU profiles from $TAG_HOME (default .tag-bench/plan), runs
-`tag_core.planner.plan` (MCTS with --iterations, then MCMC with as many simulations as MCTS
+`tag_core.plan.planner.plan` (MCTS with --iterations, then MCMC with as many simulations as MCTS
 used), and then MCMC again with ten times that many simulations from the same start.
 Models without a capture or profiles are captured and profiled first (`tag capture`,
 `tag profile --batch-sizes 2,4 --runs 3`, each in its own process; bert_base and vgg19
@@ -36,13 +36,13 @@ def one_case(model: str, topology_name: str, iterations: int, seed: int) -> dict
     import time
 
     from tag_core import store
-    from tag_core.mcmc import mcmc_search
-    from tag_core.mcts import Budget, Evaluator
-    from tag_core.planner import plan
-    from tag_core.topology import load_topology
+    from tag_core.capture import load_op_graph
+    from tag_core.cluster import load_topology
+    from tag_core.plan import plan
+    from tag_core.search import Budget, Evaluator, mcmc_search
 
     conn = store.connect(read_only=True)
-    graph = store.load_op_graph(conn, model)
+    graph = load_op_graph(conn, model)
     profiles = store.load_profiles(conn, model)
     profile_hash = store.profile_set_hash(conn, model)
     conn.close()

@@ -28,11 +28,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tag_core.fusion import FusionPlan, mark_for_xla  # noqa: E402
-from tag_core.fusion_measure import GAP_S, peak_rss_mb  # noqa: E402
-from tag_core.fusion_regions import compiled_regions  # noqa: E402
-from tag_core.region_calls import compile_as_calls  # noqa: E402
 from results_md import write_section  # noqa: E402  (benchmarks/ is the script's folder)
+
+from tag_core.fusion import FusionPlan, compile_as_calls, compiled_regions, mark_for_xla  # noqa: E402
+from tag_core.fusion.measure import GAP_S, peak_rss_mb  # noqa: E402
 
 SECTION = "## Segment sums as gathers (`benchmarks/segment_sums.py`)"
 OUT = ROOT / "benchmarks" / "segment_sums.json"

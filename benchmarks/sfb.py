@@ -7,7 +7,7 @@ peak RSS. The paper does not give the link between the two machines here, so eac
 at every `--inter-gbps` (default 10 and 100 Gbit/s).
 
 Graphs and CPU profiles come from $TAG_HOME (default .tag-bench/plan, as benchmarks/plan_quality.py
-leaves them); GTX1080Ti op times are the CPU profiles scaled by the roofline ratio (tag_core.cost).
+leaves them); GTX1080Ti op times are the CPU profiles scaled by the roofline ratio (tag_core.simulate.cost).
 Each model runs in its own process. Writes benchmarks/sfb.json and benchmarks/sfb.md.
 
     python benchmarks/sfb.py [--models vgg19,...] [--inter-gbps 10,100] [--iterations 100]
@@ -32,7 +32,7 @@ BATCH = 4
 
 
 def pair(inter_gbps: float):
-    from tag_core.topology import parse_topology
+    from tag_core.cluster import parse_topology
 
     return parse_topology({"name": f"2x1080ti-{inter_gbps:g}g", "inter_gbps": inter_gbps, "machines": [
         {"name": "a", "gpu": "GTX1080Ti", "count": 1, "intra_gbps": 64},
@@ -45,14 +45,15 @@ def one_model(model: str, inter: list[float], iterations: int) -> dict:
     import time
 
     from tag_core import store
-    from tag_core.baselines import dp_nccl
-    from tag_core.mcts import Budget
-    from tag_core.planner import plan
+    from tag_core.capture import load_op_graph
+    from tag_core.plan import plan
+    from tag_core.search import Budget
+    from tag_core.search.baselines import dp_nccl
     from tag_core.sfb import apply_sfb
     from tag_core.simulate import Simulator
 
     conn = store.connect(read_only=True)
-    graph = store.load_op_graph(conn, model)
+    graph = load_op_graph(conn, model)
     profiles = store.load_profiles(conn, model)
     conn.close()
     cases = []

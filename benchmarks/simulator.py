@@ -37,13 +37,14 @@ import json, os, resource, statistics, sys, time
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 sys.path.insert(0, sys.argv[1])
 from tag_core import store
-from tag_core.baselines import baseline
+from tag_core.capture import load_op_graph
+from tag_core.search import baseline
 from tag_core.simulate import Simulator
-from tag_core.strategy import Strategy
-from tag_core.topology import load_topology
+from tag_core.simulate import Strategy
+from tag_core.cluster import load_topology
 model, topo_file, batch, seconds, strategies = sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6].split(",")
 conn = store.connect(read_only=True)
-graph = store.load_op_graph(conn, model)
+graph = load_op_graph(conn, model)
 profiles = store.load_profiles(conn, model)
 conn.close()
 topo = load_topology(topo_file)
@@ -78,18 +79,20 @@ FIDELITY_CHILD = r"""
 import json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 from tag_core import store
-from tag_core.gpu_catalog import CATALOG
-from tag_core.models import resolve_model
-from tag_core.profile import _session, initialise_randomly, profile_model
+from tag_core.cluster import CATALOG
+from tag_core.capture import resolve_model
+from tag_core.profile.profiler import _session
+from tag_core.profile import initialise_randomly, profile_model
 from tag_core.simulate import Simulator
-from tag_core.strategy import Strategy
-from tag_core.topology import Machine, Topology
-from tag_core.trace import build_keras, synthetic_batch, trace_step
+from tag_core.simulate import Strategy
+from tag_core.cluster import Machine, Topology
+from tag_core.capture.trace import build_keras
+from tag_core.capture import synthetic_batch, trace_step
 model, profiled, evaluated = sys.argv[2], [int(b) for b in sys.argv[3].split(",")], [int(b) for b in sys.argv[4].split(",")]
 spec = resolve_model(model)
 conn = store.connect()
 profile_model(conn, spec, profiled, runs=5, warmup=2, show_progress=False)
-graph = store.load_op_graph(conn, spec.name)
+graph = load_op_graph(conn, spec.name)
 profiles = store.load_profiles(conn, spec.name, "cpu")
 conn.close()
 host = Topology("host", (Machine("host", CATALOG["cpu"], 1, 100.0),), 100.0)

@@ -5,7 +5,13 @@ stages below them carry `AutomationCondition.eager()`, so a new topology or
 model flows through to plans, SFB decisions and graphs.
 """
 
-from dagster import AssetSelection, AutomationCondition, AutomationConditionSensorDefinition, DefaultSensorStatus, map_asset_specs
+from dagster import (
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    map_asset_specs,
+)
 
 ROOTS = {"training_graph", "cluster_topology"}
 

@@ -12,8 +12,8 @@ from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, Se
 from assets.capture import training_graph
 from assets.planning import op_groups
 from assets.profiling import op_profiles
+from tag_core.capture import load_registry, registry_path
 from tag_core.errors import TagInputError
-from tag_core.registry import load_registry, registry_path
 from tag_pipelines.partitions import model_partitions
 
 

@@ -6,10 +6,17 @@ retired and keeps its history). The cron comes from TAG_REPLAN_CRON.
 
 import os
 
-from dagster import DefaultScheduleStatus, MultiPartitionKey, RunRequest, ScheduleEvaluationContext, SkipReason, schedule
+from dagster import (
+    DefaultScheduleStatus,
+    MultiPartitionKey,
+    RunRequest,
+    ScheduleEvaluationContext,
+    SkipReason,
+    schedule,
+)
 
 from assets.planning import deployment_plan
-from tag_core.snapshots import scan_snapshots, topology_directory
+from tag_core.cluster import scan_snapshots, topology_directory
 from tag_pipelines.partitions import model_partitions, topology_partitions
 
 DEFAULT_CRON = "0 2 * * *"

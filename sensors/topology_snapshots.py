@@ -21,7 +21,7 @@ from dagster import (
 )
 
 from assets.planning import cluster_topology
-from tag_core.snapshots import DEFAULT_SETTLE_S, scan_snapshots, topology_directory
+from tag_core.cluster import DEFAULT_SETTLE_S, scan_snapshots, topology_directory
 from tag_pipelines.partitions import topology_partitions
 
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import TagInputError
+from tag_core.errors import TagInputError
 
 
 def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = True, where: str = "--out") -> None:

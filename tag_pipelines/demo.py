@@ -19,11 +19,10 @@ from pathlib import Path
 from dagster import DagsterInstance, MultiPartitionKey
 
 from tag_core import store
+from tag_core.capture import BENCHMARK_MODELS, load_registry, registry_path
+from tag_core.cluster import topology_directory
 from tag_core.files import write_atomically
-from tag_core.models import BENCHMARK_MODELS
-from tag_core.registry import load_registry, registry_path
 from tag_core.report import build_report, format_table, plan_table_rows
-from tag_core.snapshots import topology_directory
 from tag_pipelines.devserver import ROOT, prepare_dagster_home
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 

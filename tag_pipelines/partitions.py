@@ -2,7 +2,7 @@
 
 Both dimensions are dynamic: models are registered and topology snapshots
 arrive at run time (sensors add the keys). A model key is a model reference as
-`tag_core.models.resolve_model` takes it (`mlp`, `small_cnn[image_size=16]`,
+`tag_core.capture.models.resolve_model` takes it (`mlp`, `small_cnn[image_size=16]`,
 `path/to/file.py:function`); a topology key names a snapshot.
 """
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simgraphs import topology, train_graph
-from tag_core.gpu_catalog import GpuType
+
+from tag_core.cluster import GpuType
 from tag_core.gnn.problems import ModelSource, build_problem
 
 # Slow made-up GPUs so op times sit far above the 4 µs kernel-launch floor (roofline times, no profiles).

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tag_core.gpu_catalog import GpuType, lookup_gpu
-from tag_core.graph import Edge, Op, OpGraph, Variable
-from tag_core.topology import Machine, Topology
+from tag_core.capture import Edge, Op, OpGraph, Variable
+from tag_core.cluster import GpuType, Machine, Topology, lookup_gpu
 
 BATCH = 8
 W_BYTES = 4_000_000

@@ -14,9 +14,9 @@ import pytest
 
 from tag_core import store
 from tag_core.cli import main
+from tag_core.cli._tf_logs import kept_log_lines
 from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
-from tag_core.tf_logs import kept_log_lines
 
 TAG = str(Path(sys.executable).parent / "tag")
 TOPOLOGY = str(Path(__file__).parents[1] / "examples" / "topologies" / "testbed.json")

@@ -12,8 +12,9 @@ import duckdb
 import pytest
 
 from tag_core import store
+from tag_core.capture import load_op_graph
 from tag_core.cli import main
-from tag_core.strategy import Strategy
+from tag_core.simulate import Strategy
 
 MODEL = "mlp[features=8,hidden=8]"
 TOPOLOGY = {"name": "pair", "inter_gbps": 10, "machines": [
@@ -135,7 +136,7 @@ def test_a_plan_for_another_model_or_topology_is_refused(tmp_path, capsys, tag_h
 def test_sfb_checks_the_plan_shape_against_the_captured_graph(tmp_path, capsys, tag_home):
     assert main(["capture", MODEL]) == 0
     conn = store.connect()
-    num_ops = len(store.load_op_graph(conn, MODEL).ops)
+    num_ops = len(load_op_graph(conn, MODEL).ops)
     conn.close()
     topo = str(_topology(tmp_path))
     cases = [

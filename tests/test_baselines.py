@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from simgraphs import profiles, topology, train_graph
-from tag_core.baselines import BASELINES, HOROVOD_FUSION_BYTES, baseline, device_speed, run_baselines
+
 from tag_core.errors import TagInputError
-from tag_core.simulate import Simulator
-from tag_core.strategy import Strategy
+from tag_core.search import BASELINES, baseline, device_speed, run_baselines
+from tag_core.search.baselines import HOROVOD_FUSION_BYTES
+from tag_core.simulate import Simulator, Strategy
 
 ROOT = Path(__file__).parent.parent
 
@@ -112,8 +112,9 @@ def test_tag_simulate_cli(tmp_path, tag_home, capsys):
     assert png.stat().st_size > 10_000
     # A strategy file round-trips through the CLI and gives the same answer.
     from tag_core import store
+    from tag_core.capture import load_op_graph
     conn = store.connect()
-    graph = store.load_op_graph(conn, "mlp")
+    graph = load_op_graph(conn, "mlp")
     conn.close()
     plan = tmp_path / "plan.json"
     plan.write_text(Strategy.uniform(len(graph.ops), 7, 16, overlap=False, name="file").to_json())

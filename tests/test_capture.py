@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tag_core import store
-from tag_core.captures import capture_model, ensure_captured, load_step
-from tag_core.graph import capture
-from tag_core.models import resolve_model
+from tag_core.capture import capture, capture_model, ensure_captured, load_op_graph, load_step, resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +57,7 @@ def test_store_round_trip_and_step_file(tag_home):
     spec = resolve_model("small_cnn", batch_size=4)
     conn = store.connect()
     graph = capture_model(conn, spec)
-    loaded = store.load_op_graph(conn, spec.name)
+    loaded = load_op_graph(conn, spec.name)
     assert loaded.ops == graph.ops and loaded.edges == graph.edges and loaded.variables == graph.variables
     assert loaded.content_hash() == graph.content_hash()
     record = store.captured_model(conn, spec.name)
@@ -91,7 +89,8 @@ def test_transformer_options_capture():
 
 
 def test_big_models_trace_other_batch_sizes_in_a_child_process(tag_home):
-    from tag_core.captures import CHILD_TRACE_BYTES, ensure_step_files
+    from tag_core.capture import ensure_step_files
+    from tag_core.capture.steps import CHILD_TRACE_BYTES
 
     spec = resolve_model("mlp[features=6,hidden=4]", batch_size=4)
     conn = store.connect()

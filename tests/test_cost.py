@@ -5,13 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from simgraphs import profiles, train_graph
-from tag_core.cost import (
-    GPU_LAUNCH_FLOOR_S, LATENCY_S, ComputeModel, allgather_time, broadcast_time, bytes_per_s,
-    hierarchical_allreduce_time, ps_time, ring_allreduce_time, transfer_time,
+
+from tag_core.cluster import CATALOG, lookup_gpu
+from tag_core.simulate import ComputeModel
+from tag_core.simulate.cost import (
+    GPU_LAUNCH_FLOOR_S,
+    LATENCY_S,
+    allgather_time,
+    broadcast_time,
+    bytes_per_s,
+    hierarchical_allreduce_time,
+    ps_time,
+    ring_allreduce_time,
+    transfer_time,
 )
-from tag_core.gpu_catalog import CATALOG, lookup_gpu
 
 V100 = lookup_gpu("V100-32GB")
 T4 = lookup_gpu("T4")

@@ -8,13 +8,13 @@ import re
 import numpy as np
 import pytest
 
+from tag_core.capture import resolve_model
 from tag_core.cli import main
+from tag_core.cluster import load_topology
 from tag_core.emit import emit, write_emission
-from tag_core.emit_place import SINGLE, SPLIT, Placement, split_batch
+from tag_core.emit.place import SINGLE, SPLIT, Placement, split_batch
 from tag_core.errors import TagInputError
-from tag_core.models import resolve_model
-from tag_core.strategy import Strategy
-from tag_core.topology import load_topology
+from tag_core.simulate import Strategy
 
 MLP = "mlp[features=12,hidden=16,layers=1]"
 DEVICE = re.compile(r"^/job:worker/task:(\d+)/device:(CPU|GPU):(\d+)$")
@@ -40,7 +40,7 @@ def mlp_allreduce(two_by_two):
 
 
 def _graph(spec):
-    from tag_core.graph import capture
+    from tag_core.capture import capture
 
     return capture(spec).graph
 
@@ -126,7 +126,7 @@ def test_write_emission_folder(mlp_allreduce, tmp_path):
 
 
 def test_failed_write_leaves_nothing(mlp_allreduce, tmp_path, monkeypatch):
-    import tag_core.emit_files as emit_module
+    import tag_core.emit.folder as emit_module
 
     def broken(_):
         raise RuntimeError("disk full")
@@ -248,7 +248,7 @@ def test_bad_arguments_exit_2(tag_home, tmp_path, two_by_two, capsys, extra, mes
 
 
 def test_rows_move_away_from_batch_sizes_that_trace_differently():
-    from tag_core.emit import _traceable_rows
+    from tag_core.emit.emitter import _traceable_rows
 
     assert _traceable_rows([1, 2, 3, 2], lambda b: b != 1) == [2, 2, 2, 2]
     assert _traceable_rows([3, 5], lambda b: True) == [3, 5]

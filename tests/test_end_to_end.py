@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from tag_core import store
-from tag_core.topology import parse_topology
+from tag_core.cluster import parse_topology
 from tag_pipelines.devserver import prepare_dagster_home, start_dagster_dev, wait_for
 
 MODEL = "mlp[features=8,hidden=8]"

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from tag_core.fusion import COLUMN, ROW, classify, mark_for_xla, plan_fusion, reduction_kinds
-from tag_core.graph import Edge, Op, OpGraph, capture
-from tag_core.models import resolve_model
+from tag_core.capture import Edge, Op, OpGraph, capture, resolve_model
+from tag_core.fusion import classify, mark_for_xla, plan_fusion
+from tag_core.fusion.patterns import COLUMN, ROW, reduction_kinds
 
 TRANSFORMER = "transformer[layers=1,d_model=32,heads=2,ff=64,vocab=50,seq_len=8]"
 
@@ -94,8 +94,8 @@ def test_transformer_plan_is_legal(transformer):
 def test_xla_marked_step_computes_the_same(transformer):
     import tensorflow as tf
 
+    from tag_core.capture import synthetic_batch
     from tag_core.profile import initialise_randomly
-    from tag_core.trace import synthetic_batch
 
     graph, step = transformer
     plan = plan_fusion(graph, step.graph_def)
@@ -144,9 +144,9 @@ def test_fusion_plan_asset_stores_the_plan_and_measures(tag_home):
 
 
 def test_planner_sees_fused_costs(transformer):
-    from tag_core.planner import plan
-    from tag_core.mcts import Budget
-    from tag_core.topology import parse_topology
+    from tag_core.cluster import parse_topology
+    from tag_core.plan import plan
+    from tag_core.search import Budget
 
     graph, step = transformer
     topology = parse_topology({"name": "pair", "machines": [{"name": "a", "gpu": "T4", "count": 2, "intra_gbps": 64}],
@@ -211,9 +211,9 @@ def test_emit_with_a_fusion_plan_file_passes_the_check(tmp_path, tag_home, capsy
 @pytest.mark.parametrize("strategy", ["duplicate", "ps"])
 def test_emitted_cnn_with_fresh_fusion_plan_matches_single_device(tmp_path, strategy):
     """Variable updates inside clusters too: PS puts each variable and its writers on one device."""
+    from tag_core.cluster import parse_topology
     from tag_core.emit import emit, write_emission
     from tag_core.runtime import run_emitted
-    from tag_core.topology import parse_topology
 
     emission = emit(resolve_model("small_cnn[image_size=8]", 8), parse_topology(TWO_BY_TWO), strategy, "cpu",
                     fusion=lambda graph, step: plan_fusion(graph, step.graph_def))
@@ -240,8 +240,9 @@ def test_emit_rejects_a_fusion_plan_of_another_model(tmp_path, tag_home):
 
 def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     """Per-pattern tuning (variables included) keeps a subset; the step check keeps a subset of that."""
-    from tag_core.captures import save_step
-    from tag_core.fusion_tune import STEP_MARGIN, check_step, step_fetches, step_values, tune_plan
+    from tag_core.fusion import check_step, step_fetches, tune_plan
+    from tag_core.fusion.step_check import STEP_MARGIN
+    from tag_core.fusion.tune import step_values
 
     spec = resolve_model("mlp[features=12,hidden=16]", 8)
     captured = capture(spec)
@@ -293,8 +294,8 @@ def test_a_tuned_plan_from_tag_fuse_is_stored_for_plan_and_emit(tag_home, capsys
 
 @pytest.mark.slow
 def test_paired_measurement_with_auto_clustering_confined_to_fusible_ops(tmp_path):
-    from tag_core.captures import save_step
-    from tag_core.fusion_measure import FUSIBLE_ONLY_FLAGS, PAIRED_FLAGS, measure_paired
+    from tag_core.capture import save_step
+    from tag_core.fusion.measure import FUSIBLE_ONLY_FLAGS, PAIRED_FLAGS, measure_paired
 
     spec = resolve_model("mlp[features=16,hidden=16]", batch_size=4)
     captured = capture(spec)

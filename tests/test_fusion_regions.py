@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from tag_core.errors import TagInputError
-from tag_core.fusion import FusionPlan, mark_for_xla
-from tag_core.fusion_regions import REWRITES_OFF, compiled_regions, session_config
-from tag_core.region_calls import compile_as_calls
+from tag_core.fusion import FusionPlan, compile_as_calls, compiled_regions, mark_for_xla, session_config
+from tag_core.fusion.regions import REWRITES_OFF
 
 
 def _toy_step():
@@ -127,8 +126,9 @@ def test_a_region_that_an_outside_op_runs_through_is_split_so_the_graph_stays_ac
 
 
 def test_only_ops_with_an_xla_kernel_may_join():
-    from tag_core.fusion_regions import has_xla_kernel, may_join
     from tensorflow.core.framework import node_def_pb2
+
+    from tag_core.fusion.regions import has_xla_kernel, may_join
 
     assert has_xla_kernel("MatMul") and has_xla_kernel("AssignAddVariableOp") and has_xla_kernel("NoOp")
     assert not has_xla_kernel("StringFormat") and not has_xla_kernel("_MklMatMul")
@@ -165,12 +165,13 @@ HLO_SCRIPT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[2])
     import tensorflow as tf
-    from tag_core.fusion import FusionPlan, classify, mark_for_xla
-    from tag_core.fusion_regions import compiled_regions, session_config
-    from tag_core.graph import capture
-    from tag_core.models import resolve_model
+    from tag_core.fusion import FusionPlan, classify
+    from tag_core.fusion import mark_for_xla
+    from tag_core.fusion import compiled_regions, session_config
+    from tag_core.capture import capture
+    from tag_core.capture import resolve_model
     from tag_core.profile import initialise_randomly
-    from tag_core.trace import synthetic_batch
+    from tag_core.capture import synthetic_batch
 
     spec = resolve_model("mlp[features=12,hidden=16]", 8)
     step = capture(spec).step
@@ -227,11 +228,11 @@ TWO_BY_TWO = {"name": "two2", "inter_gbps": 10,
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["allreduce", "ps"])
 def test_an_emitted_step_with_regions_matches_the_single_device_step(tmp_path, strategy):
+    from tag_core.capture import resolve_model
+    from tag_core.cluster import parse_topology
     from tag_core.emit import emit, write_emission
-    from tag_core.fusion_tune import step_fetches
-    from tag_core.models import resolve_model
+    from tag_core.fusion import step_fetches
     from tag_core.runtime import run_emitted
-    from tag_core.topology import parse_topology
 
     def with_regions(graph, step):
         return FusionPlan(graph.model, [], len(graph.ops), len(graph.ops), 0.0, "",

@@ -9,18 +9,24 @@ import pickle
 import numpy as np
 import pytest
 import torch
-
 from gnn_helpers import machines, problem, source
+
 from tag_core.errors import TagInputError
 from tag_core.gnn import checkpoint as ckpt_mod
 from tag_core.gnn.checkpoint import FORMAT, load_checkpoint, save_checkpoint
-from tag_core.gnn.features import (ACTION_FEATURES, DEV_FEATURES, EDGE_FEATURES, FEATURE_VERSION, OP_FEATURES,
-                                   ProblemFeatures)
+from tag_core.gnn.features import (
+    ACTION_FEATURES,
+    DEV_FEATURES,
+    EDGE_FEATURES,
+    FEATURE_VERSION,
+    OP_FEATURES,
+    ProblemFeatures,
+)
 from tag_core.gnn.model import ModelConfig, PolicyNet, collate
 from tag_core.gnn.prior import SHIPPED_CHECKPOINT, GnnPrior, choose_prior
 from tag_core.gnn.problems import build_problem
-from tag_core.mcts import Budget
-from tag_core.strategy import OPTIONS
+from tag_core.search import Budget
+from tag_core.simulate import OPTIONS
 
 SMALL = ModelConfig(hidden=16, heads=2, layers=2, action_hidden=16)
 

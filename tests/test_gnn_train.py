@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from gnn_helpers import source
+
 from tag_core.errors import TagInputError
 from tag_core.gnn.checkpoint import load_checkpoint
 from tag_core.gnn.model import ModelConfig, PolicyNet
-from tag_core.gnn.train import TrainConfig, curve_png, run_episode, train
+from tag_core.gnn.train import TrainConfig, run_episode, train
+from tag_core.report import training_curve
 
 SMALL = ModelConfig(hidden=16, heads=2, layers=2, action_hidden=16).to_dict()
 
@@ -58,7 +59,7 @@ def test_training_is_deterministic_for_a_seed_and_records_its_curve(sources, tmp
     assert training["topology_seeds"] == [0, 3] and training["examples"] > 0
     assert all(p["loss"] is not None and p["loss"] > 0 for p in metrics["curve"])
     assert other[0] != h1
-    png = curve_png(metrics)
+    png = training_curve(metrics)
     assert png.startswith(b"\x89PNG") and len(png) > 2000
 
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from tag_core import store
+from tag_core.capture import Edge, Op, OpGraph, capture, load_op_graph, resolve_model, save_op_graph
 from tag_core.errors import TagInputError
-from tag_core.graph import Edge, Op, OpGraph, capture
-from tag_core.grouping import group_ops
-from tag_core.models import resolve_model
+from tag_core.search import group_ops
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +55,7 @@ def test_more_groups_than_ops_still_works(graph):
 
 
 def test_json_round_trip(graph):
-    from tag_core.grouping import OpGroups
+    from tag_core.search import OpGroups
 
     groups = group_ops(graph, op_times(graph), 8)
     again = OpGroups.from_json(groups.to_json())
@@ -74,7 +73,7 @@ def test_metis_notes_stay_off_stdout(capfd, monkeypatch):
     remainders. stdout carries `tag plan --json`; the notes must not reach it (nor the user)."""
     import contextlib
 
-    import tag_core.grouping as grouping
+    import tag_core.search.grouping as grouping
 
     ops = [Op(f"o{i}", "AddV2", 100, 10) for i in range(61)]
     edges = [Edge(i, i + 1, 100, True, f"o{i}:0") for i in range(60)]
@@ -101,8 +100,8 @@ def test_a_loop_over_several_variables_stays_with_all_of_them(tmp_path):
     together = {loop.variable, *loop.other_variables}
     assert len(together) == 3
     with store.connect(tmp_path / "tag.duckdb") as conn:  # the field survives the database
-        store.save_op_graph(conn, graph, None, None, None)
-        assert store.load_op_graph(conn, graph.model).ops == graph.ops
+        save_op_graph(conn, graph, None, None, None)
+        assert load_op_graph(conn, graph.model).ops == graph.ops
     groups = group_ops(graph, op_times(graph), num_groups=60, seed=0)
     touching = {groups.assignment[i] for i, op in enumerate(graph.ops)
                 if together & {op.variable, *op.other_variables}}

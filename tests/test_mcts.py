@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from simgraphs import profiles, topology, train_graph
-from tag_core.baselines import device_speed
-from tag_core.gpu_catalog import GpuType
-from tag_core.grouping import OpGroups, group_ops
-from tag_core.mcmc import mcmc_search
-from tag_core.mcts import ActionSpace, Budget, Evaluator, Mcts, SearchState, check_prior, decision_order, reward
-from tag_core.simulate import Simulator
-from tag_core.strategy import OPTIONS
-from tag_core.topology import load_topology
+
+from tag_core.cluster import GpuType, load_topology
+from tag_core.search import (
+    ActionSpace,
+    Budget,
+    Evaluator,
+    Mcts,
+    OpGroups,
+    SearchState,
+    check_prior,
+    decision_order,
+    device_speed,
+    group_ops,
+    mcmc_search,
+    reward,
+)
+from tag_core.simulate import OPTIONS, Simulator
 
 
 def _setup(layers: int = 6, groups: int = 6, topo=None):
@@ -151,7 +159,7 @@ def test_bad_prior_output_is_refused():
 
 
 def test_reward_is_relative_to_the_baseline_and_minus_one_on_oom():
-    from tag_core.mcts import Score
+    from tag_core.search import Score
 
     assert reward(Score(0.5, False), 1.0) == pytest.approx(1.0)
     assert reward(Score(2.0, False), 1.0) == pytest.approx(-0.5)
@@ -206,7 +214,7 @@ def test_oom_plans_score_minus_one_and_are_never_the_answer_when_a_fitting_plan_
     assert len(set(split.op_devices.tolist())) == 4  # METIS spread the ops over every device
     for v in {op.variable for op in sim.graph.ops if op.variable}:  # a variable's ops stay together
         assert len({int(split.op_devices[i]) for i, op in enumerate(sim.graph.ops) if op.variable == v}) == 1
-    from tag_core.mcts import MctsConfig
+    from tag_core.search import MctsConfig
 
     mcts = Mcts(ev, 1.0, 1.0, seed=0, config=MctsConfig(default=mp))
     result = mcts.run(Budget(iterations=20))
@@ -214,7 +222,8 @@ def test_oom_plans_score_minus_one_and_are_never_the_answer_when_a_fitting_plan_
 
 
 def test_groups_sharing_an_action_become_one_strategy_group():
-    from tag_core.baselines import HOROVOD_FUSION_BYTES, baseline
+    from tag_core.search import baseline
+    from tag_core.search.baselines import HOROVOD_FUSION_BYTES
 
     sim, grp, space, _ = _setup()
     ev = Evaluator(sim, grp, space, np.ones(sim.num_devices), fusion_bytes=HOROVOD_FUSION_BYTES, overlap=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tag_core.capture import BENCHMARK_MODELS, ZOO, model_source_hash, resolve_model
 from tag_core.errors import TagInputError
-from tag_core.models import BENCHMARK_MODELS, ZOO, model_source_hash, resolve_model
 
 
 def test_zoo_has_the_benchmark_and_test_models():
@@ -92,7 +92,7 @@ def test_source_hash_follows_the_file(user_model_file):
 
 
 def test_model_lists_split_between_references_not_inside_options():
-    from tag_core.models import split_models
+    from tag_core.capture import split_models
 
     assert split_models("mlp, transformer[layers=1,seq_len=8],small_cnn,") == [
         "mlp", "transformer[layers=1,seq_len=8]", "small_cnn"]

@@ -14,8 +14,8 @@ from dagster import DagsterInstance, instance_for_test, materialize
 from assets.capture import training_graph
 from assets.profiling import op_profiles
 from tag_core import store
+from tag_core.capture import resolve_model
 from tag_core.errors import TagInputError
-from tag_core.models import resolve_model
 from tag_pipelines.definitions import defs
 from tag_pipelines.partitions import model_partitions, model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, ProfilingSettings, build_resources

@@ -9,20 +9,23 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-
 from simgraphs import profiles, topology, train_graph
+
 from tag_core import store
 from tag_core.cli import main
+from tag_core.cluster import GpuType
 from tag_core.errors import TagInputError
-from tag_core.gpu_catalog import GpuType
-from tag_core.mcts import Budget
-from tag_core.baselines import device_speed
-from tag_core.mcts import ActionSpace
-from tag_core.planner import (
-    code_version, ideal_time_s, make_groups, markdown_table, plan, profile_batch_sizes, warm_start_actions,
+from tag_core.plan import (
+    code_version,
+    ideal_time_s,
+    make_groups,
+    markdown_table,
+    plan,
+    profile_batch_sizes,
+    warm_start_actions,
 )
-from tag_core.simulate import Simulator
-from tag_core.strategy import Strategy
+from tag_core.search import ActionSpace, Budget, device_speed
+from tag_core.simulate import Simulator, Strategy
 
 MODEL = "mlp[features=16,hidden=8]"
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tag_core import store
+from tag_core.capture import load_op_graph, resolve_model
 from tag_core.errors import TagInputError
-from tag_core.models import resolve_model
-from tag_core.profile import profile_model
-from tag_core.profile_csv import export_profiles, import_profiles, read_profile_csv
+from tag_core.profile import export_profiles, import_profiles, profile_model, read_profile_csv
 
 TINY = "small_cnn[image_size=8,classes=4]"
 
@@ -24,7 +23,7 @@ def profiled(tag_home):
 
 def test_every_op_gets_one_time_per_run_and_batch(profiled):
     conn, spec = profiled
-    graph = store.load_op_graph(conn, spec.name)
+    graph = load_op_graph(conn, spec.name)
     counts = conn.execute(
         "SELECT batch_size, op, count(*) FROM op_profiles WHERE model = ? GROUP BY ALL", [spec.name]
     ).fetchall()

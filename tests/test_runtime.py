@@ -16,13 +16,14 @@ import time
 import numpy as np
 import pytest
 
+from tag_core.capture import resolve_model
 from tag_core.cli import main
+from tag_core.cluster import parse_topology
 from tag_core.emit import emit, write_emission
-from tag_core.models import resolve_model
-from tag_core.planner import make_groups
-from tag_core.runtime import _supervise, run_emitted
-from tag_core.strategy import OPTIONS, Strategy
-from tag_core.topology import parse_topology
+from tag_core.plan import make_groups
+from tag_core.runtime import run_emitted
+from tag_core.runtime.supervisor import _supervise
+from tag_core.simulate import OPTIONS, Strategy
 
 MODELS = {
     "mlp": "mlp[features=12,hidden=16]",
@@ -331,9 +332,9 @@ def test_distributed_graph_asset_emits_the_latest_plan_and_checks_it(tmp_path, m
 
     from assets.emission import CHECK, distributed_graph, graph_folder
     from tag_core import store
-    from tag_core.graph import capture
-    from tag_core.mcts import Budget
-    from tag_core.planner import plan
+    from tag_core.capture import capture
+    from tag_core.plan import plan
+    from tag_core.search import Budget
     from tag_pipelines.partitions import model_partitions, topology_partitions
     from tag_pipelines.resources import build_resources
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tag_core.fusion import FusionPlan, mark_for_xla
-from tag_core.segment_sums import rewrite_as_gathers
+from tag_core.fusion import FusionPlan, mark_for_xla, rewrite_as_gathers
 
 IDS = np.array([[3, 7, 3], [-1, 9, 3]], np.int32)  # repeats, and a negative id (which the sum drops)
 
@@ -95,12 +94,9 @@ def test_a_text_models_step_with_its_embedding_sums_as_gathers_trains_as_the_pla
     steps compiled as a region give the loss and the parameters of the plain step."""
     import tensorflow as tf
 
-    from tag_core.fusion_regions import compiled_regions, session_config
-    from tag_core.fusion_tune import step_fetches
-    from tag_core.graph import capture
-    from tag_core.models import resolve_model
+    from tag_core.capture import capture, resolve_model, synthetic_batch
+    from tag_core.fusion import compiled_regions, session_config, step_fetches
     from tag_core.profile import initialise_randomly
-    from tag_core.trace import synthetic_batch
 
     spec = resolve_model("bert_base[layers=1,hidden=16,heads=2,ff=32,vocab=300,seq_len=8]", 4)
     step = capture(spec).step

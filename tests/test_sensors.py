@@ -24,7 +24,7 @@ from dagster import (
 
 from assets.capture import training_graph
 from sensors import model_sensor, nightly_replan, topology_snapshot_sensor
-from tag_core.snapshots import scan_snapshots
+from tag_core.cluster import scan_snapshots
 from tag_pipelines.definitions import defs
 from tag_pipelines.partitions import model_partitions, topology_partitions
 from tag_pipelines.resources import build_resources

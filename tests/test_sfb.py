@@ -10,15 +10,14 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
-
 from simgraphs import topology
-from tag_core.cost import allgather_time, hierarchical_allreduce_time
-from tag_core.graph import Edge, Op, OpGraph, Variable
-from tag_core.planner import plan
-from tag_core.mcts import Budget
+
+from tag_core.capture import Edge, Op, OpGraph, Variable
+from tag_core.plan import plan
+from tag_core.search import Budget
 from tag_core.sfb import apply_sfb, decide, find_subgraphs
-from tag_core.simulate import Simulator
-from tag_core.strategy import Strategy
+from tag_core.simulate import Simulator, Strategy
+from tag_core.simulate.cost import allgather_time, hierarchical_allreduce_time
 
 K = M = 512  # x is (batch, K), w is (K, M): dW = xᵀ·dY is K·M floats, the factors K + M per sample
 W_BYTES = 4 * K * M

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from simgraphs import BATCH, W_BYTES, profiles, topology, train_graph
-from tag_core.cost import (
-    LATENCY_S, allgather_time, broadcast_time, bytes_per_s, hierarchical_allgather_time, ring_allreduce_time,
+
+from tag_core.capture import Edge, Op, OpGraph, Variable
+from tag_core.errors import TagInputError
+from tag_core.simulate import Simulator, Strategy, simulate
+from tag_core.simulate.cost import (
+    LATENCY_S,
+    allgather_time,
+    broadcast_time,
+    bytes_per_s,
+    hierarchical_allgather_time,
+    ring_allreduce_time,
     transfer_time,
 )
-from tag_core.errors import TagInputError
-from tag_core.graph import Edge, Op, OpGraph, Variable
-from tag_core.simulate import Simulator, _ps_classes, simulate
-from tag_core.strategy import Strategy
+from tag_core.simulate.simulator import _ps_classes
 
 V100 = "V100-32GB"
 
@@ -248,7 +253,7 @@ def test_multi_machine_allreduce_is_hierarchical_and_waits_for_slow_devices():
     g = train_graph(layers=1)
     topo = topology(("a", V100, 2, 100.0), ("b", V100, 2, 100.0), inter_gbps=10.0)
     r = simulate(g, topo, _dp(g, topo), profiles(g, V100))
-    from tag_core.cost import hierarchical_allreduce_time
+    from tag_core.simulate.cost import hierarchical_allreduce_time
     assert r.comm_s["allreduce"] == pytest.approx(hierarchical_allreduce_time(W_BYTES, [2, 2], [100.0, 100.0], 10.0))
 
 
@@ -279,9 +284,8 @@ def test_bad_strategies_name_the_field():
 def test_zoo_models_simulate_on_the_example_testbed(tmp_path):
     from pathlib import Path
 
-    from tag_core.graph import capture
-    from tag_core.models import resolve_model
-    from tag_core.topology import load_topology
+    from tag_core.capture import capture, resolve_model
+    from tag_core.cluster import load_topology
 
     topo = load_topology(Path(__file__).parent.parent / "examples" / "topologies" / "testbed.json")
     g = capture(resolve_model("small_cnn")).graph

@@ -12,16 +12,19 @@ import numpy as np
 import pytest
 
 from tag_core.cli import main
-from tag_core.errors import TagInputError
-from tag_core.gpu_catalog import CATALOG, GpuType, lookup_gpu, normalise_device_name
-from tag_core.topology import (
-    RANDOM_GPU_POOL,
+from tag_core.cluster import (
+    CATALOG,
+    GpuType,
     Machine,
     Topology,
     load_topology,
+    lookup_gpu,
+    normalise_device_name,
     parse_topology,
     random_topology,
 )
+from tag_core.cluster.topology import RANDOM_GPU_POOL
+from tag_core.errors import TagInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED = ROOT / "examples" / "topologies" / "testbed.json"
@@ -405,6 +408,6 @@ def test_cli_subprocess_exit_code():
 
 
 def test_modules_do_not_import_tensorflow():
-    code = "import sys, tag_core.topology, tag_core.gpu_catalog, tag_core.commands.topology; print('tensorflow' in sys.modules)"
+    code = "import sys, tag_core.cluster.topology, tag_core.cluster.gpu_catalog, tag_core.cli.topology; print('tensorflow' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr

@@ -1,5 +1,9 @@
 """The heterogeneous GNN that gives MCTS its priors.
 
+In: planning problems (op groups, a topology, a simulator: `tag_core.plan`), or a checkpoint file.
+Out: a checkpoint (torch state dict, loaded with `weights_only=True`) and a prior for `tag_core.search`'s
+MCTS: a probability for every (mask, option) action of every op group.
+
 - `compat`: the one place dgl is imported (see DESIGN.md for why it needs care);
 - `features`: (op groups, topology, strategy, SimResult) -> `GraphSample`;
 - `model`: heterogeneous edge-feature GAT scoring every (mask, option) action;

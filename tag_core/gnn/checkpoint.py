@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from .. import __version__
-from ..errors import TagInputError
-from ..files import write_atomically
+from tag_core import __version__
+from tag_core.errors import TagInputError
+from tag_core.files import write_atomically
+
 from .features import FEATURE_VERSION, schema
 from .model import ModelConfig, PolicyNet
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..simulate import SimResult
-from ..strategy import OPTIONS
+from tag_core.simulate.simulator import SimResult
+from tag_core.simulate.strategy import OPTIONS
 
 FEATURE_VERSION = 1
 CLIP = 10.0

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TagInputError
+from tag_core.errors import TagInputError
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "default.pt"
 # Share of probability spread uniformly over all actions: the same mixture the network was trained
@@ -35,7 +35,7 @@ PRIOR_KINDS = ("gnn", "uniform")
 
 
 class GnnPrior:
-    """A `tag_core.mcts.Prior`: SearchState -> probabilities over the state's actions."""
+    """A `tag_core.search.mcts.Prior`: SearchState -> probabilities over the state's actions."""
 
     def __init__(self, net, floor: float = UNIFORM_FLOOR, checkpoint_hash: str | None = None):
         import torch
@@ -147,7 +147,7 @@ def choose_prior(kind: str | None = None, checkpoint: str | Path | None = None) 
 
 def trained_checkpoint() -> Path:
     """Where the `gnn_checkpoint` asset writes: $TAG_HOME/gnn/checkpoint.pt."""
-    from ..store import tag_home
+    from tag_core.store.connection import tag_home
 
     return tag_home() / "gnn" / "checkpoint.pt"
 

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..baselines import device_speed, run_baselines
-from ..graph import OpGraph
-from ..grouping import DEFAULT_GROUPS, OpGroups
-from ..mcts import ActionSpace, Evaluator, Mcts, MctsConfig, Prior
-from ..planner import _settings, make_groups  # _settings: the planner's own choice, reused so training matches it
-from ..simulate import Simulator
-from ..topology import Topology
+from tag_core.capture.graph import OpGraph
+from tag_core.cluster.topology import Topology
+from tag_core.plan.planner import (  # _settings: the planner's own choice, reused so training matches it
+    _settings,
+    make_groups,
+)
+from tag_core.search.baselines import device_speed, run_baselines
+from tag_core.search.grouping import DEFAULT_GROUPS, OpGroups
+from tag_core.search.mcts import ActionSpace, Evaluator, Mcts, MctsConfig, Prior
+from tag_core.simulate.simulator import Simulator
 
 SETTINGS = ("dp", "planner")
 BENCHMARK_SEED_BASE = 1_000_000  # random_topology seeds at or above this are never trained on

@@ -35,10 +35,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import TagInputError
-from ..grouping import DEFAULT_GROUPS
-from ..mcts import Budget
-from ..topology import random_topology
+from tag_core.cluster.topology import random_topology
+from tag_core.errors import TagInputError
+from tag_core.search.grouping import DEFAULT_GROUPS
+from tag_core.search.mcts import Budget
+
 from .checkpoint import Checkpoint, finite, save_checkpoint
 from .features import FEATURE_VERSION, GraphSample
 from .model import ModelConfig, PolicyNet, collate
@@ -293,32 +294,3 @@ def _bar(cfg: TrainConfig, state: TrainState, show: bool):
     total = cfg.generations if cfg.generations is not None else None
     return tqdm(total=total, initial=state.generation if total else 0, desc="train-gnn", unit="gen",
                 file=sys.stderr, mininterval=0.5)
-
-
-def curve_png(metrics: dict) -> bytes:
-    """Training curve: loss and top-1 agreement per generation, and the speedups the searches found."""
-    from ..plots import _png, _pyplot
-
-    curve = metrics.get("curve", [])
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"wspace": 0.45})
-    gens = np.array([p["generation"] for p in curve])
-    series = lambda key: np.array([np.nan if p.get(key) is None else p[key] for p in curve], dtype=float)  # noqa: E731
-    left.plot(gens, series("loss"), color="#4C72B0", label="cross-entropy loss")
-    left.set_xlabel("generation")
-    left.set_ylabel("loss", color="#4C72B0")
-    twin = left.twinx()
-    twin.plot(gens, series("top1_before_training"), color="#DD8452", label="top-1 agreement, before training on it")
-    twin.set_ylim(0, 1.05)
-    twin.set_ylabel("top-1 agreement", color="#DD8452")
-    left.set_title("loss and agreement with new visit counts", fontsize=9)
-    speedup = series("speedup_vs_dp")
-    right.plot(gens, speedup, color="#55A868", alpha=0.4, label="per generation")
-    if len(speedup) >= 5:
-        smooth = np.convolve(np.nan_to_num(speedup, nan=1.0), np.ones(5) / 5, mode="valid")
-        right.plot(gens[4:], smooth, color="#55A868", label="mean of 5")
-    right.set_xlabel("generation")
-    right.set_ylabel("speedup over DP-NCCL")
-    right.set_title("best plan of the training searches (noisy: new problems each time)", fontsize=9)
-    right.legend(fontsize=8)
-    return _png(fig)

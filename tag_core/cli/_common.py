@@ -1,0 +1,107 @@
+"""Argument helpers shared by subcommands (not a subcommand itself)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tag_core.errors import TagInputError
+from tag_core.limits import INT32_MAX
+
+
+def _number(text: str, convert, valid, what: str):
+    """`text` as a number that `valid` accepts; argparse reports "must be <what>" otherwise."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v > 0, "a positive integer")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "a non-negative integer")
+
+
+def positive_int32(text: str) -> int:
+    """A positive integer that is stored in an INTEGER column (a batch size)."""
+    return _number(text, int, lambda v: 0 < v <= INT32_MAX, f"an integer in [1, {INT32_MAX}]")
+
+
+def non_negative_int32(text: str) -> int:
+    """A non-negative integer that is stored in an INTEGER column (a seed)."""
+    return _number(text, int, lambda v: 0 <= v <= INT32_MAX, f"an integer in [0, {INT32_MAX}]")
+
+
+def positive_int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def open_store(args, read_only: bool = False):
+    from tag_core import store
+
+    return store.connect(getattr(args, "db", None), read_only=read_only)
+
+
+def captured_with_profiles(args, spec):
+    """(OpGraph, profiles) of `spec`, captured first if needed; a note when only roofline estimates exist."""
+    from tag_core import store
+    from tag_core.capture.steps import ensure_captured
+
+    conn = open_store(args)
+    try:
+        graph = ensure_captured(conn, spec)
+        profiles = store.load_profiles(conn, spec.name)
+    finally:
+        conn.close()
+    if profiles.empty:
+        print(f"tag: note: no op profiles for {spec.name}; using roofline estimates (run `tag profile {args.model}`)",
+              file=sys.stderr)
+    return graph, profiles
+
+
+def print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def require(condition: bool, where: str, problem: str) -> None:
+    if not condition:
+        raise TagInputError(where, problem)
+
+
+def check_plan(plan: dict, strategy, model: str, topology, where: str, num_ops: int | None = None) -> None:
+    """The check simulate, sfb and emit make of a plan or strategy file: made for this model and topology
+    (its identity fields, extra.machines) and, given the graph's `num_ops`, shaped for both. Errors name
+    `where` and the field."""
+    try:
+        if plan.get("model") not in (None, model):
+            raise TagInputError("model", f"was made for model {plan['model']!r}, not {model!r}")
+        named = plan.get("topology")
+        named = named.get("name") if isinstance(named, dict) else named
+        if named is not None and str(named).lower() != topology.name.lower():
+            raise TagInputError("topology", f"was made for topology {named!r}, not {topology.name!r}")
+        batch = plan.get("batch_size")
+        if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or not 0 < batch <= INT32_MAX):
+            raise TagInputError("batch_size", f"must be an integer in [1, {INT32_MAX}], got {batch!r}")
+        strategy.check_machines([m.name for m in topology.machines], topology.name)
+        if num_ops is not None:
+            strategy.validate(num_ops, topology.num_machines, topology.num_devices)
+    except TagInputError as exc:
+        raise TagInputError(f"{where}: {exc.where}", exc.problem) from None

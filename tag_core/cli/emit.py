@@ -1,0 +1,149 @@
+"""`tag emit MODEL (--plan plan.json | --topology FILE --strategy NAME) --out DIR`: write the distributed graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._common import check_plan, positive_int, print_json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("emit", help="emit the distributed TF training graph of a plan or strategy")
+    parser.add_argument("model", help="zoo name or path/to/file.py:function")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--plan", help="plan JSON from `tag plan --out`")
+    source.add_argument("--strategy", help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for "
+                                           "every op (allreduce, ps, duplicate, model_parallel), or a strategy JSON file")
+    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy, and with a plan "
+                                           "that names its topology without including it, as `tag plan` writes)")
+    parser.add_argument("--out", required=True, help="folder to write (must not exist unless --force)")
+    parser.add_argument("--device-kind", choices=("gpu", "cpu"), default="gpu",
+                        help="GPU devices (a real cluster) or logical CPU devices (to run here); default gpu")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch (default: the plan's, else the model's)")
+    parser.add_argument("--fusion", nargs="?", const="stored", metavar="FUSION_JSON",
+                        help="mark TAG's fusion plan in the emitted graph: each copy of each fused pattern becomes "
+                             "one XLA cluster, each region on a device one must-compile call. Alone: the stored "
+                             "plan of this graph (the fusion_plan asset's), else a fresh untuned one; with a file: "
+                             "a plan from `tag fuse --json`")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(run=run)
+
+
+def _profiles(args, model: str):
+    """Stored op profiles, when there is a store: model-parallel chunks then match the simulator's."""
+    from tag_core import store
+
+    path = Path(args.db) if args.db else store.default_database()
+    if not path.exists():
+        return None
+    try:
+        conn = store.connect(path, read_only=True)
+    except Exception:  # another process is writing: chunking falls back to the roofline estimate
+        return None
+    try:
+        profiles = store.load_profiles(conn, model)
+    finally:
+        conn.close()
+    return None if profiles.empty else profiles
+
+
+def _fusion(args, model: str):
+    """A function of the captured graph and step giving the fusion plan to mark, or None."""
+    from tag_core.errors import TagInputError
+    from tag_core.fusion.patterns import FusionPlan, plan_fusion
+
+    if args.fusion is None:
+        return None
+    given = None
+    if args.fusion != "stored":
+        from tag_core.files import input_file, read_json
+
+        path = input_file(args.fusion, "--fusion")
+        data = read_json(path, "--fusion")
+        try:
+            given = FusionPlan.from_json(data)
+        except TagInputError as exc:
+            raise TagInputError(f"--fusion {path}: {exc.where}", exc.problem) from None
+        if given.model != model:
+            raise TagInputError("--fusion", f"{args.fusion} is a fusion plan for {given.model!r}, not {model!r}")
+
+    def fusion_plan(graph, step):
+        plan = given if given is not None else _stored_fusion(args, model, graph.content_hash())
+        if plan is None:
+            return plan_fusion(graph, step.graph_def)
+        nodes = {node.name for node in step.graph_def.node}  # regions may hold plumbing the OpGraph leaves out
+        missing = [name for pattern in plan.patterns for name in pattern if name not in graph.index]
+        missing += [name for region in plan.regions for name in region if name not in nodes]
+        if missing:
+            raise TagInputError("--fusion", f"the fusion plan names ops the captured graph does not have "
+                                            f"({', '.join(missing[:3])}); run `tag fuse` again")
+        return plan
+
+    return fusion_plan
+
+
+def _stored_fusion(args, model: str, graph_hash: str):
+    from tag_core import store
+    from tag_core.fusion.patterns import FusionPlan
+
+    path = Path(args.db) if args.db else store.default_database()
+    if not path.exists():
+        return None
+    try:
+        conn = store.connect(path, read_only=True)
+    except Exception:  # another process is writing: plan afresh
+        return None
+    try:
+        stored = store.load_fusion_plan(conn, model, graph_hash)
+    finally:
+        conn.close()
+    return None if stored is None else FusionPlan.from_json(stored)
+
+
+def run(args) -> int:
+    from tag_core.capture.models import resolve_model
+    from tag_core.cluster.topology_json import load_topology
+    from tag_core.emit.emitter import emit_folder, plan_topology, read_plan
+    from tag_core.errors import TagInputError
+    from tag_core.search.strategy_files import is_strategy_file, read_plan_file
+
+    if args.strategy and not args.topology:
+        raise TagInputError("--topology", "is required with --strategy")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise TagInputError("--out", f"{out} exists; pass --force to replace it")
+    topology = load_topology(args.topology) if args.topology else None
+    # A plan or strategy file is checked before the (slow) tracing, as simulate and sfb check theirs.
+    plan, strategy, where = None, args.strategy, None
+    if args.plan:
+        plan, chosen = read_plan(args.plan)
+        topology, checked, where = plan_topology(plan, topology), plan, f"--plan {args.plan}"
+    elif is_strategy_file(args.strategy):
+        checked, chosen = read_plan_file(args.strategy)
+        strategy, where = chosen, f"--strategy {args.strategy}"
+    batch = args.batch_size
+    # A plan's graph hash is of the step at the model's own batch: keep it, the plan says its batch.
+    spec = resolve_model(args.model, None if plan is not None else batch)
+    if where is not None:
+        check_plan(checked, chosen, spec.name, topology, where)
+    if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):
+        raise TagInputError("--batch-size", f"the plan is for a batch of {plan['batch_size']}, not {batch}")
+    emission = emit_folder(spec, out, topology, strategy=strategy, plan=plan, device_kind=args.device_kind,
+                           force=args.force, profiles=_profiles(args, spec.name), fusion=_fusion(args, spec.name))
+    summary = emission.summary()
+    if args.json:
+        print_json({**summary, "out": str(out), "notes": emission.notes})
+        return 0
+    print(f"wrote {out}: {summary['emitted_ops']:,} ops (single-device step: {summary['single_device_ops']:,}), "
+          f"{summary['collectives']} collective ops, {summary['device_kind']} devices, batch {summary['batch_size']}, "
+          f"in {summary['emit_seconds']:.1f} s")
+    if "fusion" in summary:
+        f = summary["fusion"]
+        print(f"fusion: {f['patterns']} patterns ({f['ops_fused']} ops), {f['clusters']} XLA clusters: "
+              f"{f['nodes_marked']} nodes with _XlaCompile, {f['calls']} region calls of {f['ops_compiled']} ops")
+    for note in emission.notes:
+        print(f"note: {note}")
+    print(f"run it here: tag run {out} --check" if summary["device_kind"] == "cpu"
+          else f"see {out / 'README.txt'} to run it on the cluster")
+    return 0

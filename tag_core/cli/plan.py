@@ -1,0 +1,163 @@
+"""`tag plan MODEL --topology FILE`: search a deployment plan with MCTS and compare it with the baselines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from ._common import (
+    non_negative_int32,
+    open_store,
+    positive_float,
+    positive_int,
+    positive_int32,
+    print_json,
+    require,
+)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="search a deployment plan (MCTS) and compare it with the baselines")
+    parser.add_argument("model", help="zoo name or path/to/file.py:function (captured and profiled first if needed)")
+    parser.add_argument("--topology", required=True, help="topology snapshot JSON")
+    parser.add_argument("--batch-size", type=positive_int32, help="global batch to plan for (default: the model's)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget-iterations", type=positive_int, help="MCTS iterations (default 300)")
+    budget.add_argument("--budget-seconds", type=positive_float, help="MCTS wall-clock seconds")
+    parser.add_argument("--seed", type=non_negative_int32, default=0, help="search seed (default 0)")
+    parser.add_argument("--groups", type=positive_int, default=60, help="METIS op groups (default 60)")
+    parser.add_argument("--warm-start", metavar="PLAN_JSON", help="start the search from a previous plan file")
+    parser.add_argument("--prior", choices=("gnn", "uniform"),
+                        help="MCTS priors: the GNN (default when a checkpoint is present) or uniform")
+    parser.add_argument("--checkpoint", metavar="CKPT", help="GNN checkpoint for --prior gnn (default: "
+                                                             "$TAG_GNN_CHECKPOINT, else data/checkpoints/default.pt)")
+    parser.add_argument("--fusion", action="store_true",
+                        help="cost fused kernels of memory-intensive ops (the stored fusion plan, else a fresh one)")
+    parser.add_argument("--no-sfb", action="store_true",
+                        help="skip Sufficient Factor Broadcasting (by default a MILP per gradient after the search)")
+    parser.add_argument("--sfb-time-limit", type=positive_float, default=5.0, metavar="S",
+                        help="seconds per gradient's SFB solve; a solve past it keeps the gradient's sync (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--out", metavar="PLAN_JSON", help="write the plan JSON to this file (atomically)")
+    parser.set_defaults(run=run)
+
+
+def _fusion_plan(conn, spec, graph):
+    """The stored fusion plan for this graph (the `fusion_plan` asset's), else a fresh untuned one."""
+    from tag_core import store
+    from tag_core.capture.steps import load_step
+    from tag_core.fusion.patterns import FusionPlan, plan_fusion
+
+    stored = store.load_fusion_plan(conn, spec.name, graph.content_hash())
+    if stored is not None:
+        return FusionPlan.from_json(stored)
+    return plan_fusion(graph, load_step(store.captured_model(conn, spec.name)["step_file"]).graph_def)
+
+
+def run(args) -> int:
+    from tag_core import store
+    from tag_core.capture.models import resolve_model
+    from tag_core.capture.steps import ensure_captured
+    from tag_core.cluster.topology_json import load_topology
+    from tag_core.errors import TagInputError
+    from tag_core.files import write_atomically
+    from tag_core.gnn.prior import choose_prior
+    from tag_core.plan.planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
+    from tag_core.plan.warm_start import warm_start_problem
+    from tag_core.profile.profiler import profile_model
+    from tag_core.search.mcts import Budget
+
+    topology = load_topology(args.topology)
+    if args.out:
+        out_dir = Path(args.out).parent
+        require(out_dir.is_dir(), "--out", f"directory {str(out_dir)!r} does not exist")
+        require(not Path(args.out).is_dir(), "--out", f"{args.out} is a directory")  # found before the search
+    warm = _read_plan(args.warm_start) if args.warm_start else None
+    if args.checkpoint and Path(args.checkpoint).is_dir():
+        raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")
+    prior = choose_prior(args.prior, args.checkpoint)  # before the slow steps: a bad checkpoint fails fast
+    if prior.warning:
+        print(f"tag: warning: {prior.warning}", file=sys.stderr)
+    spec = resolve_model(args.model)
+    batch = args.batch_size or spec.batch_size
+    conn = open_store(args)
+    try:
+        graph = ensure_captured(conn, spec)
+        profiles = store.load_profiles(conn, spec.name)
+        if profiles.empty:
+            sizes = profile_batch_sizes(batch, topology)
+            print(f"tag: no op profiles for {spec.name}; profiling at batch sizes {sizes}", file=sys.stderr)
+            profile_model(conn, spec, sizes, runs=3, warmup=1, show_progress=True)
+            profiles = store.load_profiles(conn, spec.name)
+        profile_hash = store.profile_set_hash(conn, spec.name)
+        fusion = _fusion_plan(conn, spec, graph) if args.fusion else None
+    finally:
+        conn.close()
+    why = warm_start_problem(warm, graph, topology) if warm is not None else None
+    if why:  # searching without it is still useful; the lineage must not claim it
+        print(f"tag: note: --warm-start {args.warm_start}: {why}; searching without it", file=sys.stderr)
+        warm = None
+    budget = (Budget(seconds=args.budget_seconds) if args.budget_seconds
+              else Budget(iterations=args.budget_iterations or DEFAULT_ITERATIONS))
+    result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
+                  seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True, prior=prior.prior,
+                  lineage={"warm_start_from": args.warm_start if warm is not None else None, **prior.lineage()},
+                  fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit)
+    data = result.to_dict()
+    conn = open_store(args)
+    try:
+        # The snapshot goes in too, so lineage and the report can find the topology a plan was made for.
+        store.save_topology_snapshot(conn, topology.name, topology.content_hash(), topology.to_dict(), args.topology)
+        store.save_plan(conn, uuid.uuid4().hex[:16], data, source="cli")
+    finally:
+        conn.close()
+    if args.out:  # after the store: a failed insert leaves the old file
+        write_atomically(args.out, json.dumps(data, indent=2) + "\n", make_parents=False)
+    if args.json:
+        print_json(data)
+    else:
+        print(format_table(data, result.actions))
+        if args.out:
+            print(f"plan written to {args.out}")
+    return 0
+
+
+def _read_plan(path: str) -> dict:
+    """The warm-start plan, its strategy checked before anything slow runs."""
+    from tag_core.errors import TagInputError
+    from tag_core.files import input_file, read_json
+    from tag_core.simulate.strategy import Strategy
+
+    source = input_file(path, "--warm-start")
+    data = read_json(source, "--warm-start")
+    try:
+        Strategy.from_dict(data)
+    except TagInputError as exc:
+        raise TagInputError(f"--warm-start {path}: {exc.where}", exc.problem) from None
+    return data
+
+
+def format_table(data: dict, actions: list[str]) -> str:
+    from tag_core.plan.comparison import comparison_rows
+
+    search = data["search"]
+    lines = [f"{data['model']} on {data['topology']}, batch {data['batch_size']}, {data['groups']} op groups",
+             f"{'plan':<20} {'iteration ms':>13} {'TAG speedup':>12}"]
+    for label, t, oom, speedup in comparison_rows(data):
+        lines.append(f"{label:<20} {t * 1e3:13.2f} {speedup:11.2f}x" + ("  OUT OF MEMORY" if oom else ""))
+    sfb = data.get("sfb")
+    if sfb:
+        lines.append(f"SFB: {len(sfb['gradients'])} of {sfb['considered']} synchronised gradients rebuilt from "
+                     f"factors ({sfb['iteration_time_s_without_sfb'] * 1e3:.2f} ms without)")
+    first = search["first_better_than_dp_iteration"]
+    lines.append(f"search: {search['iterations']} iterations, {search['simulations']} simulations, "
+                 f"{search['wall_s']:.1f} s; better than DP-NCCL from iteration {first if first else 'never'}")
+    lineage = data.get("lineage", {})
+    if lineage.get("prior"):
+        lines.append(f"priors: {lineage['prior']}" + (f" (checkpoint {lineage['checkpoint']})" if lineage.get("checkpoint") else ""))
+    counts = Counter(actions)
+    lines.append("groups: " + ", ".join(f"{n} x {a}" for a, n in counts.most_common()))
+    return "\n".join(lines)

@@ -1,0 +1,17 @@
+"""The cluster: machines of identical GPUs and the links between them.
+
+In: a topology snapshot (JSON: machines, GPU types by catalog name or inline, bandwidths), or a seed.
+Out: a validated `Topology` (devices in machine-major order, bandwidth matrices, a content hash);
+the GPU catalog (`GpuType`: peak FLOP/s, memory, memory bandwidth); snapshots found in a folder.
+"""
+
+from .gpu_catalog import CATALOG, GpuType, lookup_gpu, normalise_device_name
+from .snapshots import DEFAULT_SETTLE_S, SnapshotScan, recorded_topology, scan_snapshots, topology_directory
+from .topology import Device, Machine, Topology, random_topology
+from .topology_json import load_topology, parse_topology, topology_from_json
+
+__all__ = [
+    "CATALOG", "DEFAULT_SETTLE_S", "Device", "GpuType", "Machine", "SnapshotScan", "Topology",
+    "load_topology", "lookup_gpu", "normalise_device_name", "parse_topology", "random_topology",
+    "recorded_topology", "scan_snapshots", "topology_directory", "topology_from_json",
+]

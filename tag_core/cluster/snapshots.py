@@ -1,0 +1,84 @@
+"""Topology snapshots in a watched directory: which are ready to plan for, and why the others are not.
+
+A snapshot is `<name>.json` directly inside the directory. It is ready when it
+is a regular file (no symlinks, nothing resolving outside the directory), has
+not changed for `settle_s` seconds (a file caught mid-copy is still changing),
+and validates. The sensor plans for ready snapshots only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tag_core.errors import TagInputError
+
+from .topology import Topology
+from .topology_json import parse_topology, topology_from_json
+
+DEFAULT_SETTLE_S = 3.0
+
+
+def topology_directory() -> Path:
+    return Path(os.environ.get("TAG_TOPOLOGY_DIR", "topologies"))
+
+
+@dataclass(frozen=True)
+class SnapshotScan:
+    name: str  # the file stem: the `topology` partition key
+    path: Path
+    status: str  # "ready", "settling", "invalid" or "refused"
+    reason: str = ""
+    content_hash: str | None = None
+    topology: Topology | None = None
+
+
+def scan_snapshots(directory: str | Path, settle_s: float = DEFAULT_SETTLE_S, now: float | None = None) -> list[SnapshotScan]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    root = directory.resolve()
+    now = time.time() if now is None else now
+    scans = []
+    for path in sorted(directory.iterdir()):
+        if path.suffix != ".json" or path.name.startswith("."):
+            continue  # editors' and copiers' temporary files start with a dot
+        scans.append(_scan_one(path, root, settle_s, now))
+    return scans
+
+
+def _scan_one(path: Path, root: Path, settle_s: float, now: float) -> SnapshotScan:
+    name = path.stem
+    if path.is_symlink() or path.resolve().parent != root:
+        return SnapshotScan(name, path, "refused", "a symlink or a path outside the watched directory")
+    if not path.is_file():
+        return SnapshotScan(name, path, "refused", "not a regular file")
+    try:
+        stat = path.stat()
+        data = path.read_bytes()
+    except OSError as exc:
+        return SnapshotScan(name, path, "invalid", f"unreadable: {exc}")
+    if now - stat.st_mtime < settle_s:
+        return SnapshotScan(name, path, "settling", f"changed {now - stat.st_mtime:.1f}s ago; waiting {settle_s:g}s")
+    try:
+        topology = topology_from_json(data, str(path))
+    except TagInputError as exc:
+        return SnapshotScan(name, path, "invalid", str(exc))
+    return SnapshotScan(name, path, "ready", "", topology.content_hash(), topology)
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def recorded_topology(conn, key: str) -> Topology:
+    """The latest snapshot recorded in the store for topology `key` (TagInputError when there is none)."""
+    from tag_core import store
+
+    snapshot = store.latest_topology_snapshot(conn, key)
+    if snapshot is None:
+        raise TagInputError("topology", f"{key!r} has no recorded snapshot; materialize cluster_topology")
+    return parse_topology(snapshot["snapshot"], source=key)

@@ -1,1 +1,0 @@
-"""One module per `tag` subcommand; each defines `register(subparsers)` and sets `run`."""

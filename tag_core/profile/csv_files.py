@@ -1,0 +1,119 @@
+"""Import and export `op_profiles` as CSV, so profiles taken on real GPUs elsewhere can be brought in."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from tag_core import store
+from tag_core.errors import TagInputError
+from tag_core.limits import INT32_MAX
+
+REQUIRED = ["model", "op", "device_type", "batch_size", "run", "time_us"]
+OPTIONAL = ["host", "tf_version", "profiled_at"]
+
+
+def read_profile_csv(path: str | Path) -> pd.DataFrame:
+    """Read and validate a profile CSV; every problem is a TagInputError naming the file, row and column."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TagInputError(where, f"cannot read the file ({type(exc).__name__}: {exc})")
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise TagInputError(where, f"not a well-formed CSV ({str(exc).strip().splitlines()[0]})")
+    _require_header_width(text, where)  # pandas takes a longer first row and a shorter row
+    missing = [column for column in REQUIRED if column not in frame.columns]
+    if missing:
+        raise TagInputError(where, f"missing column(s) {', '.join(missing)}; need {', '.join(REQUIRED)}")
+    unknown = [column for column in frame.columns if column not in REQUIRED + OPTIONAL]
+    if unknown:
+        raise TagInputError(where, f"unknown column(s) {', '.join(unknown)}")
+    if frame.empty:
+        raise TagInputError(where, "has a header but no rows")
+    rows = []
+    for number, record in enumerate(frame.to_dict("records"), start=2):  # line 1 is the header
+        rows.append(_validated_row(record, f"{where}:{number}"))
+    out = pd.DataFrame(rows)
+    duplicated = out.duplicated(["model", "op", "device_type", "batch_size", "run"])
+    if duplicated.any():
+        line = int(duplicated.idxmax()) + 2
+        raise TagInputError(f"{where}:{line}", "repeats a (model, op, device_type, batch_size, run) row")
+    return out
+
+
+def _require_header_width(text: str, where: str) -> None:
+    """Every row has the header's number of fields (pandas shifts a longer first row into its index)."""
+    rows = csv.reader(io.StringIO(text))
+    width = None
+    try:
+        for fields in rows:
+            if not fields:  # a blank line, skipped like pandas does
+                continue
+            if width is None:
+                width = len(fields)
+            elif len(fields) != width:
+                raise TagInputError(f"{where}:{rows.line_num}", f"has {len(fields)} fields; the header has {width}")
+    except csv.Error as exc:
+        raise TagInputError(where, f"not a well-formed CSV ({exc})") from None
+
+
+def _validated_row(record: dict, where: str) -> dict:
+    row = {}
+    for column in ("model", "op", "device_type"):
+        value = record[column].strip()
+        if not value:
+            raise TagInputError(f"{where}.{column}", "must not be empty")
+        row[column] = value
+    row["device_type"] = row["device_type"].lower() if row["device_type"].lower() == "cpu" else row["device_type"]
+    for column, lowest in (("batch_size", 1), ("run", 0)):
+        try:
+            value = int(record[column])
+        except ValueError:
+            raise TagInputError(f"{where}.{column}", f"must be an integer, got {record[column]!r}")
+        if value < lowest:
+            raise TagInputError(f"{where}.{column}", f"must be at least {lowest}, got {value}")
+        if value > INT32_MAX:
+            raise TagInputError(f"{where}.{column}", f"must be at most {INT32_MAX}, got {value}")
+        row[column] = value
+    try:
+        time_us = float(record["time_us"])
+    except ValueError:
+        raise TagInputError(f"{where}.time_us", f"must be a number, got {record['time_us']!r}")
+    if not math.isfinite(time_us) or time_us < 0:
+        raise TagInputError(f"{where}.time_us", f"must be a finite number >= 0, got {record['time_us']!r}")
+    row["time_us"] = time_us
+    row["host"] = record.get("host") or None
+    row["tf_version"] = record.get("tf_version") or None
+    stamp = record.get("profiled_at") or None
+    if stamp:
+        try:
+            stamp = pd.Timestamp(stamp).to_pydatetime()
+        except ValueError:
+            raise TagInputError(f"{where}.profiled_at", f"must be a timestamp, got {stamp!r}")
+    row["profiled_at"] = stamp or pd.Timestamp.now(tz="UTC").tz_localize(None).to_pydatetime()
+    return row
+
+
+def import_profiles(conn, path: str | Path) -> int:
+    """Validate the whole file first, then replace the (model, device_type, batch_size) sets it covers."""
+    return store.replace_profiles(conn, read_profile_csv(path))
+
+
+def export_profiles(conn, model: str | None = None, device_type: str | None = None) -> str:
+    """The stored profiles as CSV. A filter that matches nothing is a TagInputError naming it: likely a typo,
+    and a header-only export would overwrite an --out file."""
+    frame = store.load_profiles(conn, model, device_type)
+    if frame.empty and model is not None and (device_type is None or store.load_profiles(conn, model).empty):
+        raise TagInputError("--model", f"no profiles stored for model {model!r}")
+    if frame.empty and device_type is not None:
+        of_model = f" of model {model!r}" if model is not None else ""
+        raise TagInputError("--device-type", f"no profiles stored for device type {device_type!r}{of_model}")
+    return frame.to_csv(index=False)

@@ -1,0 +1,124 @@
+"""Pictures of a plan: the placement heatmap, the simulated Gantt timeline, speedup bars. PNG bytes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tag_core.cluster.topology import Topology
+from tag_core.simulate.strategy import OPTIONS, Strategy
+
+OPTION_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]  # allreduce, ps, duplicate, model_parallel
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    return buffer.getvalue()
+
+
+def markdown_image(png: bytes, alt: str) -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
+
+def placement_heatmap(strategy: Strategy, topology: Topology, title: str = "") -> bytes:
+    """Op groups (rows) × devices (columns), coloured by the group's option where it runs there."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    plt = _pyplot()
+    machine_of = np.array([d.machine for d in topology.devices])
+    grid = np.full((strategy.num_groups, topology.num_devices), np.nan)
+    for g in range(strategy.num_groups):
+        on = strategy.masks[g][machine_of] & (strategy.batch_shares > 0)
+        grid[g, on] = OPTIONS.index(strategy.options[g])
+    if strategy.op_devices is not None:  # model-parallel groups: only the devices their ops use
+        for g in range(strategy.num_groups):
+            if strategy.options[g] == "model_parallel":
+                used = np.unique(strategy.op_devices[(strategy.op_groups == g) & (strategy.op_devices >= 0)])
+                if len(used):
+                    grid[g] = np.nan
+                    grid[g, used] = OPTIONS.index("model_parallel")
+    height = min(12.0, 1.5 + 0.18 * strategy.num_groups)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * topology.num_devices + 2.5), height))
+    ax.imshow(np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest",
+              cmap=ListedColormap(OPTION_COLORS), vmin=-0.5, vmax=len(OPTIONS) - 0.5)
+    ax.set_xticks(range(topology.num_devices))
+    ax.set_xticklabels([f"{topology.machines[d.machine].name}:{d.local}" for d in topology.devices],
+                       rotation=90, fontsize=7)
+    step = max(1, strategy.num_groups // 30)
+    ax.set_yticks(range(0, strategy.num_groups, step))
+    ax.set_ylabel("op group (largest compute first)")
+    ax.set_title(title or "placement and option per op group")
+    ax.legend(handles=[Patch(color=c, label=o) for o, c in zip(OPTIONS, OPTION_COLORS)],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return _png(fig)
+
+
+def gantt(result, graph, topology: Topology, title: str = "") -> bytes:
+    """The simulated iteration as a Gantt chart (the result must carry a timeline)."""
+    from tag_core.simulate.timeline import save_timeline
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "gantt.png"
+        save_timeline(result, graph, topology, path, title=title)
+        return path.read_bytes()
+
+
+def speedup_bars(rows: list[dict], title: str = "TAG speedup over DP-NCCL (simulated)") -> bytes:
+    """One bar per (model, topology): TAG's speedup over DP-NCCL."""
+    plt = _pyplot()
+    labels = [f"{r['model']}\n{r['topology']}" for r in rows]
+    values = [r["speedup_vs_dp_nccl"] or 0.0 for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(rows) + 1.5), 3.8))
+    bars = ax.bar(range(len(rows)), values, color="#4C72B0")
+    ax.axhline(1.0, color="#444", linewidth=0.8, linestyle="--")
+    for bar, value in zip(bars, values):
+        ax.annotate(f"{value:.2f}×" if value else "DP OOM", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speedup")
+    ax.set_title(title)
+    return _png(fig)
+
+
+def training_curve(metrics: dict) -> bytes:
+    """The GNN's training curve (`gnn.train` metrics): loss and top-1 agreement per generation, and the speedups the searches found."""
+    curve = metrics.get("curve", [])
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"wspace": 0.45})
+    gens = np.array([p["generation"] for p in curve])
+    series = lambda key: np.array([np.nan if p.get(key) is None else p[key] for p in curve], dtype=float)  # noqa: E731
+    left.plot(gens, series("loss"), color="#4C72B0", label="cross-entropy loss")
+    left.set_xlabel("generation")
+    left.set_ylabel("loss", color="#4C72B0")
+    twin = left.twinx()
+    twin.plot(gens, series("top1_before_training"), color="#DD8452", label="top-1 agreement, before training on it")
+    twin.set_ylim(0, 1.05)
+    twin.set_ylabel("top-1 agreement", color="#DD8452")
+    left.set_title("loss and agreement with new visit counts", fontsize=9)
+    speedup = series("speedup_vs_dp")
+    right.plot(gens, speedup, color="#55A868", alpha=0.4, label="per generation")
+    if len(speedup) >= 5:
+        smooth = np.convolve(np.nan_to_num(speedup, nan=1.0), np.ones(5) / 5, mode="valid")
+        right.plot(gens[4:], smooth, color="#55A868", label="mean of 5")
+    right.set_xlabel("generation")
+    right.set_ylabel("speedup over DP-NCCL")
+    right.set_title("best plan of the training searches (noisy: new problems each time)", fontsize=9)
+    right.legend(fontsize=8)
+    return _png(fig)

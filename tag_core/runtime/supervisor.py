@@ -1,0 +1,278 @@
+"""Run an emitted step on TF's distributed runtime, optionally checking it against the single-device step.
+
+`run_emitted(folder, ...)` starts `tag_core.runtime.worker` as a child process: it starts one
+local `tf.distribute.Server` per task on 127.0.0.1 (as many logical CPU devices as the
+machine has GPUs), feeds deterministic synthetic batches and, with `check`, runs the
+original step on the same data and initial values and compares the loss and every copy
+of every variable after each step.
+
+Everything in-process in TF (servers, a collective that waits for a peer that never
+comes) ends with the child: the parent kills it at the deadline, so a hang never hangs the
+user, and every server started is gone when this returns. Collectives carry the timeout
+too, so a missing peer normally fails the step with the op and devices named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tag_core.errors import TagInputError
+
+STARTUP_S = 90.0  # TF import, servers and graph import, before the run's own clock starts
+SHOWN_COLLECTIVES = 6
+
+
+@dataclass
+class RunResult:
+    ok: bool
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    lines: list[str] = field(default_factory=list)  # what was reported, as printed
+    reference: str | None = None  # what --check compared against
+    check_skipped: str | None = None  # why --check compared nothing
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """Mean step time after the first (which includes TF's one-off graph setup)."""
+        times = [s["seconds"] for s in self.steps[1:]] or [s["seconds"] for s in self.steps]
+        return sum(times) / len(times) if times else None
+
+    @property
+    def reference_seconds_per_step(self) -> float | None:
+        """The single-device step's mean time after the first (with --check)."""
+        times = [s["reference_seconds"] for s in self.steps[1:] if "reference_seconds" in s]
+        return sum(times) / len(times) if times else None
+
+    @property
+    def left_out_fraction(self) -> float | None:
+        """The largest share of variable elements a step left out of the comparison (rounding noise)."""
+        values = [s["left_out_fraction"] for s in self.steps if "left_out_fraction" in s]
+        return max(values) if values else None
+
+    @property
+    def max_relative_difference(self) -> float | None:
+        values = [s["max_relative_difference"] for s in self.steps if "max_relative_difference" in s]
+        return max(values) if values else None
+
+
+def _check_folder(folder: Path, check: bool) -> dict:
+    for name in ("plan.json", "graph.pb"):
+        if not (folder / name).is_file():
+            raise TagInputError("DIR", f"{folder} has no {name}; make it with `tag emit`")
+    try:
+        plan = json.loads((folder / "plan.json").read_text())
+        meta = plan["emission"]
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError):
+        raise TagInputError("DIR", f"{folder / 'plan.json'} is not a plan written by `tag emit`") from None
+    if check and not (folder / meta["reference"]).is_file():
+        raise TagInputError("--check", f"{folder} has no single-device reference step ({meta['reference']})")
+    return plan
+
+
+def _check_cluster(path: Path, tasks: int) -> None:
+    """A cluster.json as `tag emit` writes it: {"cluster": {"worker": [one "host:port" per task]}}."""
+    if not path.is_file():
+        raise TagInputError("--cluster", f"{path} does not exist")
+    try:
+        workers = json.loads(path.read_text())["cluster"]["worker"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError):
+        raise TagInputError("--cluster", f'{path} is not a cluster file: expected {{"cluster": {{"worker": '
+                                         '["host:port", ...]}}') from None
+    if not isinstance(workers, list) or not all(isinstance(w, str) and ":" in w for w in workers):
+        raise TagInputError("--cluster", f"{path}: cluster.worker must be a list of \"host:port\" strings")
+    if len(workers) != tasks:
+        raise TagInputError("--cluster", f"{path} lists {len(workers)} workers; this graph has {tasks} tasks")
+
+
+def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout: float = 600.0,
+                cluster: str | Path | None = None, task_index: int = 0,
+                echo: Callable[[str], None] | None = None) -> RunResult:
+    """Run `steps` steps of the emitted folder; see the module docstring."""
+    folder = Path(folder)
+    plan = _check_folder(folder, check)
+    meta = plan["emission"]
+    if cluster is not None:
+        _check_cluster(Path(cluster), len(meta["tasks"]))
+        if not 0 <= task_index < len(meta["tasks"]):
+            raise TagInputError("--task-index", f"must lie in [0, {len(meta['tasks'])}) for this graph")
+    command = [sys.executable, "-m", "tag_core.runtime.worker", str(folder), "--steps", str(steps),
+               "--timeout", str(timeout)]
+    if check:
+        command.append("--check")
+    if cluster is not None:
+        command += ["--cluster", str(cluster), "--task-index", str(task_index)]
+    serving = cluster is not None and task_index != 0  # serves until stopped: no deadline
+    deadline = None if serving else time.monotonic() + timeout + STARTUP_S
+    return _supervise(command, meta, deadline, timeout, echo or (lambda line: None))
+
+
+def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: float,
+               echo: Callable[[str], None]) -> RunResult:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # its own process group: killed as a whole
+    events: queue.Queue = queue.Queue()
+    stderr_tail: deque = deque(maxlen=60)
+    threading.Thread(target=_pump, args=(child.stdout, events.put), daemon=True).start()
+    threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
+    result = RunResult(ok=False)
+    stage = "starting"
+    try:
+        while True:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                _kill(child)
+                result.error = _hang_message(stage, timeout, meta)
+                break
+            try:
+                line = events.get(timeout=None if wait is None else min(wait, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:  # the child closed its output
+                child.wait()
+                break
+            event = _parse(line)
+            if event is None:
+                continue
+            if event["event"] == "input_error":  # a file of the folder is unreadable: the user's input
+                raise TagInputError(event["where"], event["message"])
+            stage = _stage_after(event, stage)
+            for text in describe(event, result):
+                result.lines.append(text)
+                echo(text)
+    finally:
+        if child.poll() is None:
+            _kill(child)
+    if result.error is None and child.returncode != 0 and not any(s.get("passed") is False for s in result.steps):
+        result.error = _failure_message(stderr_tail)
+    if result.error:
+        result.lines.append(result.error)
+        echo(result.error)
+    result.ok = result.error is None and child.returncode == 0
+    return result
+
+
+def _pump(stream, put: Callable[[Any], None]) -> None:
+    for line in stream:
+        put(line.rstrip("\n"))
+    put(None)
+
+
+def _kill(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+
+
+def _parse(line: str | None) -> dict | None:
+    if not line or not line.startswith("{"):
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def _stage_after(event: dict, stage: str) -> str:
+    if event["event"] == "start":
+        return "initialising variables"
+    if event["event"] == "step":
+        return f"step {event['step'] + 1}"
+    return stage
+
+
+def describe(event: dict, result: RunResult) -> list[str]:
+    """Human lines for one worker event (and the error, kept on `result`)."""
+    kind = event["event"]
+    if kind == "start":
+        where = "this machine's local TF servers" if not event.get("gpu_as_cpu") else "local TF servers (GPU devices as CPU)"
+        return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}"]
+    if kind == "check":
+        if event.get("skipped"):
+            result.check_skipped = event["skipped"]
+            return [f"check skipped: the model computes batch statistics per replica ({event['statistics']} ops) "
+                    f"and {event['skipped']}; the steps run without comparison"]
+        result.reference = event["reference"]
+        lines = [f"checking each step against the {event['reference']}, from the same variables: after each "
+                 f"comparison every copy restarts from the reference's values"]
+        if event.get("statistics"):
+            lines.append(f"  batch statistics are per replica ({event['statistics']} ops), as standard data "
+                         f"parallelism does")
+        return lines
+    if kind == "serving":
+        return [f"task {event['task']} serving at {event['target']} (process {event['pid']}; stop this command "
+                f"when task 0 is done)"]
+    if kind == "step":
+        result.steps.append(event)
+        line = f"step {event['step']}: loss {event['loss']:.6g} ({event['seconds'] * 1e3:.1f} ms)"
+        if "reference_loss" not in event:
+            return [line]
+        compared = event["compared"]
+        verdict = "ok" if event["passed"] else "MISMATCH"
+        lines = [f"{line}; reference loss {event['reference_loss']:.6g}; compared the loss and "
+                 f"{compared['variables']} variables ({compared['copies']} copies): max relative difference "
+                 f"{event['max_relative_difference']:.2e} at {event['worst']} [{verdict}]"]
+        noise = event.get("noise_gradient_variables") or []
+        partly = event.get("noise_elements") or {"variables": 0, "elements": 0}
+        shown = {name for step in result.steps[:-1] for name in step.get("noise_gradient_variables") or []}
+        if noise and set(noise) - shown:
+            lines.append(f"  not compared: {len(noise)} variables whose reference gradient is rounding noise "
+                         f"(under 1e-6 of the step's largest, or not reproduced when summed in another order; "
+                         f"Adam scales it up): {', '.join(noise)}")
+        if partly["elements"]:
+            lines.append(f"  not compared: {partly['elements']} elements of {partly['variables']} variables whose "
+                         f"gradient float32 does not determine (it moves by over 1e-5 when the batch is summed in "
+                         f"another order); they restart from the reference's values each step")
+        return lines
+    if kind == "error":
+        result.error = _error_message(event)
+        return []
+    if kind == "done":
+        per_step = result.seconds_per_step
+        timing = f", {per_step * 1e3:.1f} ms per step after the first" if per_step is not None else ""
+        failed = f"; {event['failed_steps']} steps differ from the single-device step by more than 1e-4" \
+            if event.get("failed_steps") else ""
+        return [f"ran {event['steps']} steps{timing}{failed}"]
+    return []
+
+
+def _error_message(event: dict) -> str:
+    message = f"{event['stage']} failed: {event['kind']}: {event['message']}"
+    waiting = event.get("waiting") or []
+    if waiting:
+        message += "\n" + "\n".join(
+            f"  waiting: collective {c['node']} on {c['device']} (all-reduce of {c['tensor']}, group "
+            f"{c['group_key']} of {len(c['group'])} devices: {', '.join(c['group'])})" for c in waiting)
+    return message
+
+
+def _hang_message(stage: str, timeout: float, meta: dict) -> str:
+    collectives = meta.get("collectives", [])
+    message = f"{stage} did not finish within the {timeout:g} s timeout; the run was stopped"
+    if collectives:
+        shown = collectives[:SHOWN_COLLECTIVES]
+        message += "; collectives of the step, any of which may be waiting for a peer:\n" + "\n".join(
+            f"  {c['node']} on {c['device']} (group of {len(c['group'])}: {', '.join(c['group'])})" for c in shown)
+        if len(collectives) > len(shown):
+            message += f"\n  ... and {len(collectives) - len(shown)} more"
+    return message
+
+
+def _failure_message(stderr_tail: deque) -> str:
+    detail = "\n".join(line for line in stderr_tail if line and line.strip())[-3000:]
+    return f"the run failed:\n{detail}"

@@ -1,0 +1,210 @@
+"""The strategy space the planners search, and scoring strategies with the simulator.
+
+An action is (placement mask over machines, option); a plan is one action per op group.
+`ActionSpace` lists the masks (see mcts.py for which and why), `Evaluator` turns action
+vectors into Strategies and simulates each distinct one once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tag_core.capture.graph import Edge, OpGraph
+from tag_core.simulate.simulator import SimResult, Simulator
+from tag_core.simulate.strategy import OPTIONS, Strategy
+
+from .grouping import OpGroups, group_ops
+
+OPS_PER_PART = 4  # model parallelism: fewest ops per device part
+MAX_SINGLES = 8  # single-machine masks beyond this many machines only for the fastest
+ALLREDUCE, MODEL_PARALLEL = OPTIONS.index("allreduce"), OPTIONS.index("model_parallel")
+
+
+# ---- action space ------------------------------------------------------------
+
+
+@dataclass
+class ActionSpace:
+    """Action a = mask index * len(OPTIONS) + option index."""
+
+    masks: np.ndarray  # bool (K, machines)
+    mask_names: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.masks) * len(OPTIONS)
+
+    def mask(self, action: int) -> np.ndarray:
+        return self.masks[action // len(OPTIONS)]
+
+    def option(self, action: int) -> str:
+        return OPTIONS[action % len(OPTIONS)]
+
+    def describe(self, action: int) -> str:
+        return f"{self.mask_names[action // len(OPTIONS)]}/{self.option(action)}"
+
+    def index(self, mask: np.ndarray, option: str, name: str = "") -> int:
+        """The action of (mask, option); an unseen mask is appended (warm starts bring their own)."""
+        mask = np.asarray(mask, dtype=bool)
+        hits = np.flatnonzero((self.masks == mask[None, :]).all(axis=1))
+        if len(hits):
+            k = int(hits[0])
+        else:
+            self.masks = np.vstack([self.masks, mask[None, :]])
+            self.mask_names.append(name or "+".join(str(i) for i in np.flatnonzero(mask)))
+            k = len(self.masks) - 1
+        return k * len(OPTIONS) + OPTIONS.index(option)
+
+    @property
+    def all_machines(self) -> int:
+        return self.index(np.ones(self.masks.shape[1], dtype=bool), "allreduce")
+
+    @classmethod
+    def build(cls, sim: Simulator, device_speed: np.ndarray) -> "ActionSpace":
+        topo = sim.topology
+        M = topo.num_machines
+        machine_speed = np.bincount(sim.dev_machine, weights=device_speed, minlength=M)
+        fastest = np.argsort(-machine_speed, kind="stable")
+        candidates: list[tuple[str, np.ndarray]] = [("all", np.ones(M, dtype=bool))]
+        for m in sorted(fastest[:MAX_SINGLES].tolist()):
+            candidates.append((topo.machines[m].name, np.arange(M) == m))
+        types = [topo.machines[m].gpu.name for m in range(M)]
+        for t in dict.fromkeys(types):
+            candidates.append((f"all-{t}", np.array([x == t for x in types])))
+        ks = range(2, M) if M <= 10 else sorted({int(round(M ** (i / 6))) for i in range(1, 6)} - {0, 1, M})
+        for k in ks:
+            mask = np.zeros(M, dtype=bool)
+            mask[fastest[:k]] = True
+            candidates.append((f"top{k}", mask))
+        masks, names, seen = [], [], set()
+        for name, mask in candidates:
+            key = mask.tobytes()
+            if mask.any() and key not in seen:
+                seen.add(key)
+                masks.append(mask)
+                names.append(name)
+        return cls(np.array(masks, dtype=bool), names)
+
+
+# ---- scoring -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Score:
+    time_s: float
+    oom: bool
+
+
+class Evaluator:
+    """Turns action vectors into Strategies and simulates them, once per distinct vector.
+
+    `shares`, `fusion_bytes` and `overlap` are strategy-wide settings the planner fixes
+    before the search. The last few full SimResults are kept for prior hooks.
+    """
+
+    def __init__(self, sim: Simulator, groups: OpGroups, space: ActionSpace, shares: np.ndarray,
+                 fusion_bytes: int = 0, overlap: bool = True, speed: np.ndarray | None = None,
+                 keep_results: int = 16):
+        self.sim, self.groups, self.space = sim, groups, space
+        self.shares, self.fusion_bytes, self.overlap = np.asarray(shares, dtype=float), int(fusion_bytes), overlap
+        self.speed = self.shares if speed is None else np.asarray(speed, dtype=float)
+        self._splits: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._edges_by_group: dict[int, np.ndarray] | None = None
+        self.cache: dict[bytes, Score] = {}
+        self.simulations = 0
+        self._recent: OrderedDict[bytes, SimResult] = OrderedDict()
+        self._keep = keep_results
+
+    def strategy(self, actions: np.ndarray, name: str = "tag") -> Strategy:
+        actions = np.asarray(actions, dtype=np.int64)
+        k = len(OPTIONS)
+        op_devices = None
+        mp = np.flatnonzero(actions % k == MODEL_PARALLEL)
+        if len(mp):
+            op_devices = np.full(len(self.groups.assignment), -1, dtype=np.int64)
+            for g in mp.tolist():
+                ops, devs = self._split(g, int(actions[g] // k))
+                op_devices[ops] = devs
+        # Op groups that share an action become one strategy group: the same plan, but gradient
+        # fusion buckets (which the simulator closes at group boundaries) may then span them.
+        distinct, merged = np.unique(actions, return_inverse=True)
+        return Strategy(merged[self.groups.assignment], self.space.masks[distinct // k],
+                        [OPTIONS[a % k] for a in distinct.tolist()], self.shares, fusion_bytes=self.fusion_bytes,
+                        overlap=self.overlap, op_devices=op_devices, name=name)
+
+    def _split(self, group: int, mask: int) -> tuple[np.ndarray, np.ndarray]:
+        """Model parallelism: METIS splits the group's ops over the mask's devices, one part per
+        device (at most one per OPS_PER_PART ops), the largest part on the fastest device;
+        ops touching one variable stay together."""
+        key = (group, mask)
+        hit = self._splits.get(key)
+        if hit is None:
+            ops = self.groups.members(group)
+            devs = np.flatnonzero(self.space.masks[mask][self.sim.dev_machine] & (self.shares > 0))
+            devs = devs[np.argsort(-self.speed[devs], kind="stable")]
+            if self._edges_by_group is None:
+                src_group = self.groups.assignment[self.sim.e_src]
+                inside = np.flatnonzero(src_group == self.groups.assignment[self.sim.e_dst])
+                self._edges_by_group = {int(x): inside[src_group[inside] == x] for x in np.unique(src_group[inside])}
+            edges = self._edges_by_group.get(group, np.zeros(0, dtype=np.int64))
+            # At most one part per OPS_PER_PART ops: METIS cannot bisect tiny remainders (and says so on stdout).
+            n_parts = max(1, min(len(devs), len(ops) // OPS_PER_PART))
+            parts = group_ops(subgraph(self.sim.graph, ops, edges), self.sim.ref_time[ops] * 1e6, n_parts, seed=0)
+            hit = self._splits[key] = (ops, devs[parts.assignment])
+        return hit
+
+    def score(self, actions: np.ndarray) -> Score:
+        key = np.asarray(actions, dtype=np.int64).tobytes()
+        hit = self.cache.get(key)
+        if hit is None:
+            result = self.sim.run(self.strategy(actions))
+            self.simulations += 1
+            hit = self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
+            self._remember(key, result)
+        return hit
+
+    def result(self, actions: np.ndarray) -> SimResult:
+        """The full SimResult of an action vector (simulated again if no longer kept), with
+        `group_makespan_s` and `group_idle_after_s` per op group."""
+        key = np.asarray(actions, dtype=np.int64).tobytes()
+        result = self._recent.get(key)
+        if result is None:
+            result = self.sim.run(self.strategy(actions))
+            if key not in self.cache:
+                self.simulations += 1
+                self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
+            self._remember(key, result)
+            result = self._recent[key]
+        return result
+
+    def _per_op_group(self, result: SimResult) -> SimResult:
+        """The result with per-group figures for the planner's op groups (the strategy merges
+        groups that share an action; a prior hook wants one row per op group)."""
+        g, G = self.groups.assignment, self.groups.num_groups
+        start = np.full(G, np.inf)
+        end = np.zeros(G)
+        np.minimum.at(start, g, result.op_start_s)
+        np.maximum.at(end, g, result.op_end_s)
+        makespan = np.where(np.isinf(start), 0.0, end - np.where(np.isinf(start), 0.0, start))
+        idle = np.bincount(g, weights=result.op_idle_after_s, minlength=G)
+        return replace(result, group_makespan_s=makespan, group_idle_after_s=idle)
+
+    def _remember(self, key: bytes, result: SimResult) -> None:
+        self._recent[key] = self._per_op_group(result)
+        if len(self._recent) > self._keep:
+            self._recent.popitem(last=False)
+
+
+def subgraph(graph: OpGraph, ops: np.ndarray, edges: np.ndarray) -> OpGraph:
+    """The ops `ops` (sorted indices) and `edges` (indices of edges among them), renumbered."""
+    local = {int(i): k for k, i in enumerate(ops.tolist())}
+    kept = [graph.edges[i] for i in edges.tolist()]
+    return OpGraph(graph.model, graph.batch_size, [graph.ops[i] for i in ops.tolist()],
+                   [Edge(local[e.src], local[e.dst], e.bytes, e.batch, e.tensor) for e in kept], [])
+
+
+def reward(score: Score, baseline_s: float) -> float:
+    return -1.0 if score.oom else baseline_s / max(score.time_s, 1e-12) - 1.0

@@ -1,0 +1,18 @@
+"""The virtual runtime: one training iteration of a strategy on a cluster, simulated.
+
+In: an `OpGraph`, a `Topology`, op profiles and a `Strategy` (per op group: a device mask and one of
+allreduce, ps, duplicate, model_parallel; batch shares). The `Strategy` contract lives here because
+the simulator is its first reader; the search stages produce strategies.
+Out: a `SimResult`: iteration time, per-device memory and out-of-memory flags, busy and idle time,
+communication totals, and a timeline (PNG/SVG/PDF/JSON via `save_timeline`).
+"""
+
+from .cost import ComputeModel
+from .simulator import SimResult, Simulator, Timeline, simulate
+from .strategy import OPTIONS, Strategy
+from .timeline import check_timeline_path, save_timeline, timeline_formats
+
+__all__ = [
+    "ComputeModel", "OPTIONS", "SimResult", "Simulator", "Strategy", "Timeline", "check_timeline_path",
+    "save_timeline", "simulate", "timeline_formats",
+]

@@ -1,0 +1,281 @@
+"""Cost model: compute time per op and device type, transfer and collective times, memory facts.
+
+Compute time of an op on a device type at a batch size:
+
+1. Measured: the median over profiled runs for that (op, device type, batch size),
+   piecewise-linear over batch size, extrapolated linearly beyond the profiled batches
+   (clamped at the device's per-kernel launch floor). Ops that do not scale with the
+   batch (no input or output carries the batch dimension) take the median over every profiled batch size.
+2. Device types without a profile: a roofline ratio from a profiled type,
+   t_target = t_source * max(flops/peak, bytes/bw)_target / max(flops/peak, bytes/bw)_source.
+   How good it is: it keeps each op's measured shape (which ops dominate, how the op
+   scales with the batch) but the absolute level is only as good as "peak FLOP/s and
+   memory bandwidth predict speed", which they do to within about 2-3x per op between
+   GPU generations and worse from CPU to GPU (GPUs reach a smaller share of peak on
+   small kernels; CPU profiles carry TensorFlow executor overhead per op, which is why a
+   launch floor is applied on the target). It is good for ranking strategies on one
+   cluster, not for predicting wall-clock time on hardware nobody profiled.
+3. No profile of the op at all: roofline from its flops and bytes on the target type,
+   plus a per-kernel launch floor.
+
+Communication: a transfer costs latency + bytes / bandwidth of the bottleneck link of its
+path (one machine pair, or the intra-machine interconnect). Collectives follow the ring
+algorithms NCCL uses (formulas at each function).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tag_core.capture.graph import OpGraph
+from tag_core.cluster.gpu_catalog import CATALOG, GpuType
+
+LATENCY_S = 12e-6  # per point-to-point transfer and per ring step (TAG authors' figure)
+GPU_LAUNCH_FLOOR_S = 4e-6  # shortest time a GPU kernel takes, launch included
+CPU_LAUNCH_FLOOR_S = 1e-6  # TF executor's per-op floor on the host CPU
+CPU_TYPE = "cpu"
+
+
+def launch_floor(gpu: GpuType) -> float:
+    return CPU_LAUNCH_FLOOR_S if gpu.name.lower() == CPU_TYPE else GPU_LAUNCH_FLOOR_S
+
+
+def bytes_per_s(gbps: float) -> float:
+    """Gbit/s (how links are quoted) to bytes/s."""
+    return gbps * 1e9 / 8.0
+
+
+# ---- communication ---------------------------------------------------------
+
+
+def transfer_time(nbytes: float, gbps: float) -> float:
+    """Point-to-point: latency + bytes over the bottleneck link."""
+    return LATENCY_S + nbytes / bytes_per_s(gbps)
+
+
+def ring_allreduce_time(nbytes: float, n: int, gbps: float) -> float:
+    """Ring AllReduce over n devices: 2(n-1)/n * bytes / slowest link, plus 2(n-1) latency steps."""
+    if n <= 1:
+        return 0.0 * nbytes
+    return 2.0 * (n - 1) / n * nbytes / bytes_per_s(gbps) + 2 * (n - 1) * LATENCY_S
+
+
+def hierarchical_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list[float], inter_gbps: float):
+    """Reduce-scatter inside each machine, ring AllReduce across machines, all-gather inside.
+
+    Machines work in parallel, so the slowest machine sets each intra phase. With one
+    machine it is the plain ring; with one device per machine the plain ring across machines.
+    `nbytes` may be an array (one collective each).
+    """
+    machines = [(k, bw) for k, bw in zip(per_machine, intra_gbps) if k > 0]
+    if not machines:
+        return 0.0 * nbytes
+    if len(machines) == 1:
+        return ring_allreduce_time(nbytes, machines[0][0], machines[0][1])
+    intra = 0.0 * nbytes
+    for k, bw in machines:
+        if k > 1:
+            intra = np.maximum(intra, (k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * LATENCY_S)
+    return 2.0 * intra + ring_allreduce_time(nbytes, len(machines), inter_gbps)
+
+
+def broadcast_time(nbytes: float, n: int, gbps: float) -> float:
+    """Pipelined chain broadcast from one device to n-1 others: bytes / slowest link + (n-1) latencies."""
+    if n <= 1:
+        return 0.0
+    return nbytes / bytes_per_s(gbps) + (n - 1) * LATENCY_S
+
+
+def allgather_time(total_bytes: float, n: int, gbps: float) -> float:
+    """Ring all-gather of a tensor split over n devices: (n-1)/n * total / slowest link + (n-1) latencies."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * total_bytes / bytes_per_s(gbps) + (n - 1) * LATENCY_S
+
+
+def hierarchical_allgather_time(total_bytes, shares: list[float], per_machine: list[int], intra_gbps: list[float],
+                                inter_gbps: float):
+    """All-gather of a tensor whose rows are split over devices in `shares` (fractions, one per device,
+    listed machine by machine as `per_machine` counts them).
+
+    Pieces are padded to the largest, as NCCL's all-gather needs equal counts. One machine: a ring.
+    Several: a ring inside each machine, a ring of the machines' pieces across machines, then what
+    came from other machines chained through each machine. Machines work in parallel.
+    """
+    shares = np.asarray(shares, dtype=np.float64)
+    bounds = np.cumsum([0] + list(per_machine))
+    pieces = [(shares[a:b], bw) for a, b, bw in zip(bounds[:-1], bounds[1:], intra_gbps) if b > a]
+    if len(pieces) == 1:
+        local, bw = pieces[0]
+        return allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw)
+    inside = 0.0 * total_bytes
+    spread = 0.0 * total_bytes
+    for local, bw in pieces:
+        inside = np.maximum(inside, allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw))
+        spread = np.maximum(spread, broadcast_time(total_bytes * (1.0 - float(local.sum())), len(local), bw))
+    largest = max(float(local.sum()) for local, _ in pieces)
+    across = allgather_time(total_bytes * largest * len(pieces), len(pieces), inter_gbps)
+    return inside + across + spread
+
+
+def ps_time(nbytes: float, workers_per_link: dict[float, int]) -> float:
+    """Push then pull of one tensor through a PS, on uncontended links otherwise.
+
+    `workers_per_link` maps a link's Gbit/s to how many workers reach the PS through it; the
+    transfers of one link queue behind each other, links run in parallel.
+    """
+    slowest = max((count * transfer_time(nbytes, gbps) for gbps, count in workers_per_link.items() if count), default=0.0)
+    return 2.0 * slowest
+
+
+# ---- compute ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Median profile times (seconds) of one device type: ops x batch grid."""
+
+    batches: np.ndarray  # sorted profiled batch sizes
+    times: np.ndarray  # (n_ops, n_batches), NaN where an op was not profiled at that batch
+    measured: np.ndarray  # bool per op: profiled at any batch
+
+
+class ComputeModel:
+    """Per-op compute time for any device type at any (fractional) batch size.
+
+    Built once per graph and profile set; `times(gpu, batch)` is cached because the
+    simulator asks for the same few (type, batch share) pairs thousands of times.
+    """
+
+    def __init__(self, graph: OpGraph, profiles: pd.DataFrame | None = None):
+        self.graph = graph
+        self.n = len(graph.ops)
+        self.graph_batch = graph.batch_size
+        self.flops = np.array([op.flops for op in graph.ops], dtype=np.float64)
+        # An op's work grows with the batch when any input or output carries it (a weight
+        # gradient reads batch tensors but writes a batch-free one).
+        self.batch_scaled = np.array([op.batch_scaled for op in graph.ops], dtype=bool)
+        # Bytes an op touches: what it reads (incoming edges) plus what it writes.
+        touched = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
+        if graph.edges:
+            dst = np.array([e.dst for e in graph.edges])
+            np.add.at(touched, dst, np.array([e.bytes for e in graph.edges], dtype=np.float64))
+            batch_in = np.array([e.batch for e in graph.edges], dtype=bool)
+            self.batch_scaled[dst[batch_in]] = True
+        self.mem_bytes = touched
+        self.tables: dict[str, _Table] = {}
+        if profiles is not None and len(profiles):
+            self._load(profiles)
+        self._cache: dict[tuple[str, float], np.ndarray] = {}
+
+    def _load(self, profiles: pd.DataFrame) -> None:
+        frame = profiles[profiles["op"].isin(self.graph.index)]
+        medians = frame.groupby(["device_type", "op", "batch_size"], sort=True)["time_us"].median().reset_index()
+        for device_type, rows in medians.groupby("device_type", sort=True):
+            batches = np.sort(rows["batch_size"].unique()).astype(np.float64)
+            times = np.full((self.n, len(batches)), np.nan)
+            op_idx = rows["op"].map(self.graph.index).to_numpy()
+            b_idx = np.searchsorted(batches, rows["batch_size"].to_numpy(dtype=np.float64))
+            times[op_idx, b_idx] = rows["time_us"].to_numpy() * 1e-6
+            self.tables[str(device_type).lower()] = _Table(batches, times, ~np.isnan(times).all(axis=1))
+
+    @property
+    def profiled_types(self) -> list[str]:
+        return sorted(self.tables)
+
+    def source_for(self, gpu: GpuType) -> str | None:
+        """The profiled type used for `gpu`: its own, else the host CPU's, else the first profiled."""
+        name = gpu.name.lower()
+        if name in self.tables:
+            return name
+        if CPU_TYPE in self.tables:
+            return CPU_TYPE
+        return self.profiled_types[0] if self.tables else None
+
+    def times(self, gpu: GpuType, batch: float) -> np.ndarray:
+        """Seconds per op on `gpu` when the op processes `batch` samples. Read-only, cached."""
+        key = (gpu.name.lower(), round(float(batch), 6))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        result = self._roofline(gpu, batch) + launch_floor(gpu)
+        source = self.source_for(gpu)
+        if source is not None:
+            table = self.tables[source]
+            measured = self._measured(table, batch, launch_floor(gpu) if source == gpu.name.lower() else 0.0)
+            if source != gpu.name.lower():
+                src_gpu = _catalog_lookup(source)
+                ratio = self._roofline_ratio(gpu, src_gpu) if src_gpu is not None else 1.0
+                measured = np.maximum(measured * ratio, launch_floor(gpu))
+            result = np.where(table.measured, measured, result)
+        result.flags.writeable = False
+        self._cache[key] = result
+        return result
+
+    def _roofline(self, gpu: GpuType, batch: float) -> np.ndarray:
+        scale = np.where(self.batch_scaled, batch / self.graph_batch, 1.0)
+        return np.maximum(self.flops * scale / gpu.flops_per_s, self.mem_bytes * scale / gpu.mem_bw_bytes_per_s)
+
+    def _roofline_ratio(self, target: GpuType, source: GpuType) -> np.ndarray:
+        t = np.maximum(self.flops / target.flops_per_s, self.mem_bytes / target.mem_bw_bytes_per_s)
+        s = np.maximum(self.flops / source.flops_per_s, self.mem_bytes / source.mem_bw_bytes_per_s)
+        # Ops that neither compute nor move data scale with the peak ratio.
+        fallback = source.flops_per_s / target.flops_per_s
+        return np.where(s > 0, t / np.where(s > 0, s, 1.0), fallback)
+
+    def _measured(self, table: _Table, batch: float, floor: float) -> np.ndarray:
+        """Interpolate each op's profile at `batch`; non-batch ops take their median over batches."""
+        times, batches = table.times, table.batches
+        filled = _fill_rows(times)
+        if len(batches) == 1:
+            scaled = filled[:, 0] * batch / batches[0]
+        else:
+            k = int(np.clip(np.searchsorted(batches, batch) - 1, 0, len(batches) - 2))
+            b0, b1 = batches[k], batches[k + 1]
+            w = (batch - b0) / (b1 - b0)  # outside [b0, b1] this extrapolates linearly
+            scaled = filled[:, k] + w * (filled[:, k + 1] - filled[:, k])
+        if times.shape[1] > 1:  # unprofiled rows are all NaN; they are replaced by the caller
+            with np.errstate(all="ignore"):
+                constant = np.nanmedian(np.where(table.measured[:, None], times, 0.0), axis=1)
+        else:
+            constant = filled[:, 0]
+        out = np.where(self.batch_scaled, scaled, constant)
+        out = np.nan_to_num(out, nan=0.0)
+        return np.maximum(out, floor)
+
+
+def _fill_rows(times: np.ndarray) -> np.ndarray:
+    """Fill NaN gaps of each op's batch curve from its nearest measured neighbour."""
+    if not np.isnan(times).any():
+        return times
+    out = times.copy()
+    for j in range(1, out.shape[1]):
+        out[:, j] = np.where(np.isnan(out[:, j]), out[:, j - 1], out[:, j])
+    for j in range(out.shape[1] - 2, -1, -1):
+        out[:, j] = np.where(np.isnan(out[:, j]), out[:, j + 1], out[:, j])
+    return out
+
+
+def _catalog_lookup(name: str) -> GpuType | None:
+    lowered = {k.lower(): v for k, v in CATALOG.items()}
+    return lowered.get(name.lower())
+
+
+# ---- memory ----------------------------------------------------------------
+
+
+def activation_bytes(graph: OpGraph) -> np.ndarray:
+    """Bytes each op's output occupies while alive, at the graph's batch size.
+
+    Variable reads alias the variable (TF hands out the buffer), so they add nothing.
+    """
+    return np.array(
+        [0 if op.type == "ReadVariableOp" else op.output_bytes for op in graph.ops], dtype=np.float64
+    )
+
+
+def variable_bytes(graph: OpGraph) -> np.ndarray:
+    return np.array([v.bytes for v in graph.variables], dtype=np.float64)

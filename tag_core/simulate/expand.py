@@ -1,0 +1,411 @@
+"""Per-strategy expansion for the simulator: where each op runs, what moves between devices.
+
+Everything here is vectorised over ops and edges; Python loops run only over the few
+distinct (source placement, destination placement) pairs, groups and sync units.
+
+Placement kinds: SPLIT (replicated, each replica on its batch share), FULL (duplicated,
+full batch everywhere), SINGLE (one device: model-parallel ops and PS updates). Ops that
+Sufficient Factor Broadcasting duplicates (`Strategy.sfb`) run FULL on their replicated
+group's devices (or SINGLE on the variable's PS).
+
+Moves between placements are point-to-point transfers, except two collectives: rows split
+over a group gathered by a full copy on the same devices (all-gather), and one holder's
+tensor sent whole to several devices (broadcast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tag_core.errors import TagInputError
+
+from .cost import LATENCY_S, broadcast_time, hierarchical_allgather_time, hierarchical_allreduce_time
+from .strategy import Strategy
+
+SPLIT, FULL, SINGLE = 0, 1, 2
+KINDS = ("p2p", "ps_pull", "ps_push", "gather", "allreduce", "allgather", "broadcast")
+P2P, PS_PULL, PS_PUSH, GATHER, ALLREDUCE, ALLGATHER, BROADCAST = range(7)
+NORMAL, PUSH, REDUCED = 0, 1, 2  # how an edge's data reaches its consumer
+
+
+@dataclass
+class Placement:
+    kind: np.ndarray  # per op: SPLIT / FULL / SINGLE
+    pl: np.ndarray  # per op: placement id (group g; G + device for SINGLE; G + D + g for SFB's full copies)
+    group_active: np.ndarray  # bool (G, D): devices of each group
+    group_share: np.ndarray  # (G, D): batch fraction of each device within its group
+    single_dev: np.ndarray  # per op: device of SINGLE ops, else -1
+    op_batch_frac: np.ndarray | None = None  # filled per device later
+
+
+@dataclass
+class Transfers:
+    """Point-to-point transfers, one row each (vectorised)."""
+
+    cons_op: np.ndarray
+    cons_dev: np.ndarray
+    src_op: np.ndarray  # -1: available at time 0 (a PS pull)
+    src_dev: np.ndarray
+    nbytes: np.ndarray
+    channel: np.ndarray
+    kind: np.ndarray
+
+
+@dataclass
+class Collectives:
+    """Collective units, as flat arrays: gradient AllReduce (one per tensor, or per fused bucket),
+    all-gathers and broadcasts (one per tensor and destination placement)."""
+
+    kind: np.ndarray  # per unit: ALLREDUCE, ALLGATHER or BROADCAST
+    nbytes: np.ndarray  # per unit
+    duration: np.ndarray  # per unit, seconds
+    channels: list[tuple[int, ...]]  # per unit: channels it occupies
+    devices: list[np.ndarray]  # per unit: participants
+    inp_op: np.ndarray  # gradient ops feeding each unit (flat) ...
+    inp_unit: np.ndarray  # ... and their unit
+    cons_op: np.ndarray  # ops waiting for each unit (flat) ...
+    cons_unit: np.ndarray  # ... and their unit
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def place(ctx, s: Strategy) -> Placement:
+    """Kinds, devices and batch fractions of every op under strategy `s`."""
+    G, D = s.num_groups, ctx.num_devices
+    shares = s.batch_shares
+    active = s.masks[:, ctx.dev_machine] & (shares > 0)[None, :]
+    for g in np.flatnonzero(~active.any(axis=1)):
+        raise TagInputError(f"groups[{g}]", "its machines have no device with a positive batch share")
+    weighted = np.where(active, shares[None, :], 0.0)
+    group_share = weighted / weighted.sum(axis=1, keepdims=True)
+    opt = np.array([_OPTION_CODE[o] for o in s.options])
+    g_of = s.op_groups
+    op_opt = opt[g_of]
+    kind = np.where(op_opt == 2, FULL, SPLIT).astype(np.int8)
+    single = np.full(ctx.n, -1, dtype=np.int64)
+
+    # Model parallel: the strategy's device per op, else contiguous chunks of the schedule.
+    for g in np.flatnonzero(opt == 3):
+        devs = np.flatnonzero(active[g])
+        ops = ctx.order[g_of[ctx.order] == g]
+        chosen = s.op_devices[ops] if s.op_devices is not None else np.full(len(ops), -1)
+        missing = chosen < 0
+        if missing.any():
+            work = ctx.ref_time[ops]
+            cum = np.cumsum(work) - work * 0.5
+            chunk = np.minimum((cum / max(work.sum(), 1e-30) * len(devs)).astype(np.int64), len(devs) - 1)
+            chosen = np.where(missing, devs[chunk], chosen)
+        single[ops] = chosen
+        kind[ops] = SINGLE
+
+    # PS: each variable's update runs on one PS, round-robin over the group's devices (variables one op
+    # takes together share theirs).
+    for g in np.flatnonzero(opt == 1):
+        devs = np.flatnonzero(active[g])
+        ops = np.flatnonzero((g_of == g) & (ctx.apply_owner >= 0))
+        if len(ops) == 0:
+            continue
+        _, rank = np.unique(ctx.ps_class[ctx.apply_owner[ops]], return_inverse=True)
+        single[ops] = devs[rank % len(devs)]
+        kind[ops] = SINGLE
+    sfb_full = _sfb_placements(ctx, s, op_opt, kind, single)
+    pl = np.where(kind == SINGLE, G + single, np.where(sfb_full, G + D + g_of, g_of))
+    return Placement(kind=kind, pl=pl, group_active=active, group_share=group_share, single_dev=single)
+
+
+_OPTION_CODE = {"allreduce": 0, "ps": 1, "duplicate": 2, "model_parallel": 3}
+
+
+def _sfb_placements(ctx, s: Strategy, op_opt: np.ndarray, kind: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """Apply `s.sfb`: in AllReduce groups the ops run FULL on the group's devices (returned as a mask);
+    in PS groups they run SINGLE on the variable's PS, which then needs no push."""
+    full = np.zeros(ctx.n, dtype=bool)
+    for name, ops in s.sfb.items():
+        v = ctx.var_index.get(name, -1)
+        if v < 0:
+            raise TagInputError(f"sfb[{name!r}]", "names no variable of the graph")
+        ops = np.asarray(ops, dtype=np.int64)
+        ps_ops = np.flatnonzero((ctx.apply_owner == v) & (kind == SINGLE) & (op_opt == 1))
+        ps_dev = int(single[ps_ops[0]]) if len(ps_ops) else -1
+        on_ps = (op_opt[ops] == 1) & (ps_dev >= 0)
+        single[ops[on_ps]] = ps_dev
+        kind[ops[on_ps]] = SINGLE
+        replicated = ops[~on_ps & np.isin(op_opt[ops], (0, 1))]
+        kind[replicated] = FULL
+        full[replicated] = True
+    return full
+
+
+def _placement_desc(ctx, p: Placement, s: Strategy, pl: int):
+    """(kind, devices, batch intervals (lo, hi) per device, option) of placement id `pl`."""
+    G, D = s.num_groups, ctx.num_devices
+    if G <= pl < G + D:
+        dev = pl - G
+        return SINGLE, np.array([dev]), np.array([0.0]), np.array([1.0]), -1
+    sfb = pl >= G + D
+    g = pl - G - D if sfb else pl
+    devs = np.flatnonzero(p.group_active[g])
+    frac = p.group_share[g, devs]
+    hi = np.cumsum(frac)
+    lo = hi - frac
+    hi[-1] = 1.0
+    kind = FULL if sfb or s.options[g] == "duplicate" else SPLIT
+    return kind, devs, lo, hi, _OPTION_CODE[s.options[g]]
+
+
+def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> tuple[Transfers, Collectives]:
+    """The transfers and collectives (all-gathers, broadcasts) every edge needs under placement `p`.
+
+    An edge pattern depends only on (source placement, destination placement, batch flag,
+    sync mode), so patterns are worked out once per distinct combination and stamped onto
+    all edges that share it.
+    """
+    src_pl, dst_pl = p.pl[ctx.e_src], p.pl[ctx.e_dst]
+    # Gradient edges: pushed to the PS when the update is SINGLE and the gradient is in a PS group,
+    # otherwise the AllReduce (when there is one) hands every replica the reduced gradient.
+    mode = np.zeros(len(ctx.e_src), dtype=np.int64)
+    sync = ctx.e_sync_var >= 0
+    if sync.any():
+        var = ctx.e_sync_var
+        reduced = sync & reduced_vars[np.maximum(var, 0)]
+        mode[reduced] = REDUCED
+        ps_src = (p.kind[ctx.e_src] == SPLIT) & (s.options_arr[s.op_groups[ctx.e_src]] == 1)
+        mode[sync & ~reduced & ps_src & (p.kind[ctx.e_dst] == SINGLE)] = PUSH
+    P = 2 * s.num_groups + ctx.num_devices
+    key = ((src_pl * P + dst_pl) * 2 + ctx.e_batch) * 3 + mode
+    cross = src_pl != dst_pl
+    if not cross.any() and not (mode == PUSH).any():
+        return _empty_transfers(), _no_collectives()
+    uniq, inverse = np.unique(key, return_inverse=True)
+    pieces, gathered = [], []
+    for u_i, u in enumerate(uniq.tolist()):
+        m = u % 3
+        b = (u // 3) % 2
+        pair = u // 6
+        sp, dp = divmod(pair, P)
+        if sp == dp and m != PUSH:
+            continue  # same placement: every replica reads its own producer
+        src, dst = _placement_desc(ctx, p, s, sp), _placement_desc(ctx, p, s, dp)
+        edges = np.flatnonzero(inverse == u_i)
+        collective = _collective_shape(src, dst, bool(b), m)
+        if collective is not None:
+            # Tensors move by the collective; pure dependencies (no bytes) stay point-to-point signals.
+            data = ctx.e_bytes[edges] > 0
+            if data.any():
+                gathered.append((edges[data], dp, *collective))
+            edges = edges[~data]
+            if not len(edges):
+                continue
+        rows = _pattern(ctx, src, dst, bool(b), m)
+        if not rows:
+            continue
+        r = np.array(rows, dtype=np.float64)  # (src_dev, dst_dev, frac, kind)
+        n_e, n_r = len(edges), len(rows)
+        e_rep = np.repeat(edges, n_r)
+        r_til = np.tile(r, (n_e, 1))
+        pieces.append((e_rep, r_til))
+    colls = _edge_collectives(ctx, gathered)
+    if not pieces:
+        return _empty_transfers(), colls
+    e_idx = np.concatenate([e for e, _ in pieces])
+    rows = np.concatenate([r for _, r in pieces])
+    src_dev = rows[:, 0].astype(np.int64)
+    dst_dev = rows[:, 1].astype(np.int64)
+    nbytes = ctx.e_bytes[e_idx] * rows[:, 2]
+    return Transfers(
+        cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev, src_op=ctx.e_src[e_idx], src_dev=src_dev, nbytes=nbytes,
+        channel=ctx.dev_channel[src_dev, dst_dev], kind=rows[:, 3].astype(np.int64),
+    ), colls
+
+
+def _collective_shape(src, dst, batch: bool, mode: int):
+    """(kind, devices, shares) when the move from `src` to `dst` is a collective, else None.
+
+    All-gather: rows split over devices, wanted whole on each of the same devices.
+    Broadcast: one device's tensor wanted whole on two or more others.
+    """
+    s_kind, s_devs, s_lo, s_hi, _ = src
+    d_kind, d_devs, _, _, _ = dst
+    if mode != NORMAL or len(d_devs) < 2 or not (d_kind != SPLIT or not batch):
+        return None
+    if s_kind == SPLIT and batch:
+        if d_kind == FULL and len(s_devs) == len(d_devs) and np.array_equal(np.sort(s_devs), np.sort(d_devs)):
+            return ALLGATHER, s_devs, s_hi - s_lo
+        return None
+    if len(s_devs) == 1 and (d_devs != s_devs[0]).sum() >= 2:
+        return BROADCAST, np.union1d(s_devs, d_devs), None
+    return None
+
+
+def _edge_collectives(ctx, gathered) -> Collectives:
+    """One unit per (source tensor, destination placement) of each collective edge pattern."""
+    parts = []
+    for edges, dst_pl, kind, devs, shares in gathered:
+        tensors, unit_of_edge = np.unique(ctx.e_src[edges], return_inverse=True)
+        nbytes = np.zeros(len(tensors))
+        np.maximum.at(nbytes, unit_of_edge, ctx.e_bytes[edges])
+        order = np.argsort(devs, kind="stable")
+        counts, intra, inter, channels = _allreduce_shape(ctx, devs[order])
+        if kind == ALLGATHER:
+            duration = hierarchical_allgather_time(nbytes, shares[order], counts, intra, inter)
+        else:
+            slowest = min([bw for bw, k in zip(intra, counts) if k > 1] + ([inter] if len(counts) > 1 else []))
+            duration = broadcast_time(nbytes, len(devs), slowest) + 0.0 * nbytes
+        U = len(tensors)
+        parts.append(Collectives(np.full(U, kind), nbytes, duration, [channels] * U, [devs] * U, tensors,
+                                 np.arange(U), ctx.e_dst[edges], unit_of_edge))
+    return concat_collectives(parts)
+
+
+def concat_collectives(parts: list[Collectives]) -> Collectives:
+    parts = [c for c in parts if len(c)]
+    if not parts:
+        return _no_collectives()
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [len(c) for c in parts[:-1]])
+    cat = np.concatenate
+    return Collectives(
+        cat([c.kind for c in parts]), cat([c.nbytes for c in parts]), cat([c.duration for c in parts]),
+        [ch for c in parts for ch in c.channels], [d for c in parts for d in c.devices],
+        cat([c.inp_op for c in parts]), cat([c.inp_unit + o for c, o in zip(parts, offsets)]),
+        cat([c.cons_op for c in parts]), cat([c.cons_unit + o for c, o in zip(parts, offsets)]),
+    )
+
+
+def _pattern(ctx, src, dst, batch: bool, mode: int) -> list[tuple[int, int, float, int]]:
+    """Rows (src_dev, dst_dev, fraction of the edge's bytes, kind) for one placement pair."""
+    s_kind, s_devs, s_lo, s_hi, _ = src
+    d_kind, d_devs, d_lo, d_hi, _ = dst
+    rows = []
+    if mode == PUSH:
+        for d in d_devs.tolist():
+            rows += [(p, d, 1.0, PS_PUSH) for p in s_devs.tolist() if p != d]
+        return rows
+    split_source = s_kind == SPLIT and batch and mode != REDUCED
+    held = set(s_devs.tolist())
+    for i, d in enumerate(d_devs.tolist()):
+        lo, hi = (d_lo[i], d_hi[i]) if (d_kind == SPLIT and batch) else (0.0, 1.0)
+        if split_source:
+            overlap = np.minimum(hi, s_hi) - np.maximum(lo, s_lo)
+            for j in np.flatnonzero(overlap > 1e-12).tolist():
+                p = int(s_devs[j])
+                if p != d:
+                    rows.append((p, d, float(overlap[j]), GATHER if d_kind != SPLIT else P2P))
+        elif d not in held:
+            p = int(s_devs[np.argmax(ctx.dev_bw[d, s_devs])])
+            rows.append((p, d, (hi - lo) if batch else 1.0, P2P))
+    return rows
+
+
+def ps_pulls(ctx, p: Placement, s: Strategy) -> Transfers:
+    """Workers of a PS group fetch each variable from its PS before reading it."""
+    ps_dev = np.full(ctx.num_vars, -1, dtype=np.int64)
+    owned = (p.kind == SINGLE) & (ctx.apply_owner >= 0) & (s.options_arr[s.op_groups] == 1)
+    ops = np.flatnonzero(owned)
+    ps_dev[ctx.apply_owner[ops[::-1]]] = p.single_dev[ops[::-1]]  # first op of each owner wins
+    reads = ctx.param_reads
+    reads = reads[(s.options_arr[s.op_groups[reads]] == 1) & (ps_dev[ctx.op_var[reads]] >= 0)]
+    if len(reads) == 0:
+        return _empty_transfers()
+    src = ps_dev[ctx.op_var[reads]]
+    members = p.group_active[s.op_groups[reads]]  # (r, D)
+    r_idx, dev = np.nonzero(members & (np.arange(ctx.num_devices)[None, :] != src[:, None]))
+    if len(r_idx) == 0:
+        return _empty_transfers()
+    ops = reads[r_idx]
+    return Transfers(
+        cons_op=ops, cons_dev=dev, src_op=np.full(len(ops), -1), src_dev=src[r_idx],
+        nbytes=ctx.param_bytes[ops], channel=ctx.dev_channel[src[r_idx], dev], kind=np.full(len(ops), PS_PULL),
+    )
+
+
+def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, np.ndarray]:
+    """AllReduce units (fused into buckets when fusion_bytes > 0), and which variables are reduced."""
+    reduced = np.zeros(ctx.num_vars, dtype=bool)
+    gops = ctx.sync_grad_op  # per sync variable (index into ctx.sync_vars)
+    if len(gops) == 0:
+        return _no_collectives(), reduced
+    g_of = s.op_groups[gops]
+    n_act = p.group_active[g_of].sum(axis=1)
+    opt = s.options_arr[g_of]
+    split = p.kind[gops] == SPLIT
+    # PS gradients with a SINGLE update are pushed instead; every other replicated gradient is reduced.
+    push = (opt == 1) & ctx.sync_all_single(p.kind)
+    chosen = split & (n_act > 1) & ~push
+    reduced[ctx.sync_vars[chosen]] = True
+    if not chosen.any():
+        return _no_collectives(), reduced
+    idx = np.flatnonzero(chosen)
+    idx = idx[np.argsort(ctx.pos[gops[idx]], kind="stable")]
+    # Bucket boundaries: a new unit per gradient, or (fusion) when the bucket is full or the group changes.
+    unit_of = np.empty(len(idx), dtype=np.int64)
+    sizes = ctx.sync_bytes[idx].tolist()
+    groups = g_of[idx].tolist()
+    u, size = -1, 0.0
+    for j in range(len(idx)):
+        if u < 0 or groups[j] != groups[j - 1] or s.fusion_bytes <= 0 or size >= s.fusion_bytes:
+            u, size = u + 1, 0.0
+        unit_of[j] = u
+        size += sizes[j]
+    U = u + 1
+    nbytes = np.bincount(unit_of, weights=ctx.sync_bytes[idx], minlength=U)
+    first = np.flatnonzero(np.diff(unit_of, prepend=-1))
+    unit_group = g_of[idx][first]
+    per_group: dict[int, tuple] = {}
+    durations = np.empty(U)
+    channels, devices = [], []
+    for k, g in enumerate(unit_group.tolist()):
+        if g not in per_group:
+            devs = np.flatnonzero(p.group_active[g])
+            per_group[g] = (devs, *_allreduce_shape(ctx, devs))
+            mine = unit_group == g
+            durations[mine] = hierarchical_allreduce_time(nbytes[mine], *per_group[g][1:4])
+        channels.append(per_group[g][4])
+        devices.append(per_group[g][0])
+    var_unit = np.full(len(gops), -1, dtype=np.int64)
+    var_unit[idx] = unit_of
+    cons_unit = var_unit[ctx._sync_cons_owner]
+    keep = cons_unit >= 0
+    return Collectives(np.full(U, ALLREDUCE), nbytes, durations, channels, devices, gops[idx], unit_of,
+                       ctx._sync_cons_flat[keep], cons_unit[keep]), reduced
+
+
+def _allreduce_shape(ctx, devs: np.ndarray):
+    """Per-machine counts, intra bandwidths, ring bandwidth across machines, and channels used."""
+    machines, counts = np.unique(ctx.dev_machine[devs], return_counts=True)
+    intra = [float(ctx.machine_bw[m, m]) for m in machines.tolist()]
+    channels = [int(m) for m, k in zip(machines.tolist(), counts.tolist()) if k > 1]
+    inter = 1.0
+    if len(machines) > 1:
+        ring = list(zip(machines.tolist(), np.roll(machines, -1).tolist()))
+        inter = min(float(ctx.machine_bw[a, b]) for a, b in ring)
+        channels += sorted({int(ctx.dev_channel_m[a, b]) for a, b in ring})
+    return counts.tolist(), intra, inter, tuple(channels)
+
+
+def _no_collectives() -> Collectives:
+    z = np.zeros(0, dtype=np.int64)
+    return Collectives(z, np.zeros(0), np.zeros(0), [], [], z, z, z, z)
+
+
+def _empty_transfers() -> Transfers:
+    z = np.zeros(0, dtype=np.int64)
+    return Transfers(z, z, z, z, np.zeros(0), z, z)
+
+
+def concat_transfers(parts: list[Transfers]) -> Transfers:
+    parts = [t for t in parts if len(t.cons_op)]
+    if not parts:
+        return _empty_transfers()
+    if len(parts) == 1:
+        return parts[0]
+    return Transfers(*(np.concatenate([getattr(t, f) for t in parts]) for f in
+                       ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind")))
+
+
+def transfer_durations(ctx, t: Transfers) -> np.ndarray:
+    return LATENCY_S + t.nbytes / ctx.channel_bps[t.channel]

@@ -1,0 +1,416 @@
+"""The virtual runtime: simulate one training iteration of a strategy on a topology.
+
+`Simulator(graph, topology, profiles)` precomputes everything that does not depend on
+the strategy (op order, compute-time tables, edge arrays, channels, variable facts);
+`Simulator.run(strategy)` is then cheap enough for a planner to call thousands of
+times. `simulate(graph, topology, strategy)` is the one-shot form.
+
+Results are deterministic: no randomness, and every tie is broken by an index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tag_core.capture.graph import OpGraph
+from tag_core.cluster.topology import Topology
+from tag_core.disjoint_sets import DisjointSets
+
+from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
+from .engine import Schedule, comm_totals, schedule
+from .expand import (
+    concat_collectives,
+    concat_transfers,
+    edge_transfers,
+    gradient_collectives,
+    place,
+    ps_pulls,
+)
+from .strategy import Strategy
+
+
+@dataclass
+class Timeline:
+    """Flat arrays for a Gantt chart; one row per (device, interval)."""
+
+    compute_device: np.ndarray
+    compute_op: np.ndarray
+    compute_start: np.ndarray
+    compute_end: np.ndarray
+    comm_device: np.ndarray
+    comm_kind: np.ndarray  # index into simulate_expand.KINDS
+    comm_start: np.ndarray
+    comm_end: np.ndarray
+
+
+@dataclass
+class SimResult:
+    iteration_time_s: float
+    oom: bool
+    device_oom: np.ndarray  # bool per device
+    peak_memory_bytes: np.ndarray  # per device
+    memory_capacity_bytes: np.ndarray  # per device
+    busy_s: np.ndarray  # per device: compute time
+    idle_s: np.ndarray  # per device: iteration time - busy
+    op_start_s: np.ndarray  # per op: earliest start over its replicas
+    op_end_s: np.ndarray  # per op: latest end over its replicas
+    op_idle_after_s: np.ndarray  # per op: longest gap after it on any device running it
+    group_makespan_s: np.ndarray  # per group: last end - first start of its ops
+    group_idle_after_s: np.ndarray  # per group: sum of its ops' idle-after
+    comm_s: dict[str, float]  # seconds of communication by kind
+    simulated_slots: int  # devices actually simulated (interchangeable devices share one)
+    timeline: Timeline | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, topology: Topology | None = None) -> dict[str, Any]:
+        names = [f"{topology.machines[d.machine].name}:{d.local}" for d in topology.devices] if topology else None
+        per_device = lambda a: dict(zip(names, np.asarray(a).tolist())) if names else np.asarray(a).tolist()  # noqa: E731
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "oom": self.oom,
+            "oom_devices": [n for n, o in zip(names or range(len(self.device_oom)), self.device_oom.tolist()) if o],
+            "peak_memory_bytes": per_device(self.peak_memory_bytes.astype(np.int64)),
+            "memory_capacity_bytes": per_device(self.memory_capacity_bytes.astype(np.int64)),
+            "busy_s": per_device(self.busy_s),
+            "idle_s": per_device(self.idle_s),
+            "comm_s": dict(self.comm_s),
+            "group_makespan_s": self.group_makespan_s.tolist(),
+            "group_idle_after_s": self.group_idle_after_s.tolist(),
+            "simulated_slots": self.simulated_slots,
+        }
+
+
+class Simulator:
+    """Strategy-independent state for one (graph, topology, profile set, batch size)."""
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        topology: Topology,
+        profiles: pd.DataFrame | None = None,
+        batch_size: int | None = None,
+        compute: ComputeModel | None = None,
+    ):
+        self.graph, self.topology = graph, topology
+        self.n = len(graph.ops)
+        self.batch = int(batch_size or graph.batch_size)
+        self.compute = compute or ComputeModel(graph, profiles)
+        scale = self.batch / graph.batch_size
+        ops = graph.ops
+        self.is_apply = np.array([o.is_apply for o in ops], dtype=bool)
+        self.is_gradient = np.array([o.is_gradient for o in ops], dtype=bool)
+        self.batch_scaled = np.array([o.batch_scaled for o in ops], dtype=bool)
+        self.act_bytes = activation_bytes(graph) * np.where(self.batch_scaled, scale, 1.0)
+        E = graph.edges
+        self.e_src = np.array([e.src for e in E], dtype=np.int64)
+        self.e_dst = np.array([e.dst for e in E], dtype=np.int64)
+        self.e_batch = np.array([e.batch for e in E], dtype=np.int64)
+        self.e_bytes = np.array([e.bytes for e in E], dtype=np.float64) * np.where(self.e_batch, scale, 1.0)
+        self._topology_arrays(topology)
+        self.ref_time = self.compute.times(topology.devices[0].gpu, self.batch)
+        self.order, self.pos, self.tail = _priority_order(self, graph)
+        self._variable_facts(graph)
+
+    # ---- precompute ----------------------------------------------------------
+
+    def _topology_arrays(self, topo: Topology) -> None:
+        self.num_devices = topo.num_devices
+        M = topo.num_machines
+        self.dev_machine = np.asarray(topo.device_machine)
+        self.dev_gpu = [d.gpu for d in topo.devices]
+        names = sorted({g.name for g in self.dev_gpu})
+        self.dev_gpu_id = np.array([names.index(g.name) for g in self.dev_gpu], dtype=np.int64)
+        self.capacity = np.array([g.mem_bytes for g in self.dev_gpu], dtype=np.float64)
+        self.machine_bw = np.asarray(topo.machine_bandwidth_matrix())
+        self.dev_bw = np.asarray(topo.device_bandwidth_matrix())
+        # Channels: one per machine (its interconnect), one per machine pair (their link).
+        chan = np.zeros((M, M), dtype=np.int64)
+        bps = [bytes_per_s(self.machine_bw[m, m]) for m in range(M)]
+        for m in range(M):
+            chan[m, m] = m
+        for a in range(M):
+            for b in range(a + 1, M):
+                chan[a, b] = chan[b, a] = len(bps)
+                bps.append(bytes_per_s(self.machine_bw[a, b]))
+        self.dev_channel_m = chan
+        self.dev_channel = chan[np.ix_(self.dev_machine, self.dev_machine)]
+        self.channel_bps = np.array(bps)
+        self.num_channels = len(bps)
+
+    def _variable_facts(self, graph: OpGraph) -> None:
+        var_index = {v.name: i for i, v in enumerate(graph.variables)}
+        self.var_index = var_index
+        self.num_vars = len(graph.variables)
+        self.var_bytes = variable_bytes(graph)
+        self.op_var = np.array([var_index.get(o.variable, -1) if o.variable else -1 for o in graph.ops], dtype=np.int64)
+        has_var = np.flatnonzero(self.op_var >= 0)
+        self.var_inc_var, self.var_inc_op = self.op_var[has_var], has_var
+        self.param_reads = np.flatnonzero(np.array([o.is_parameter for o in graph.ops]) & (self.op_var >= 0))
+        self.param_bytes = np.array([o.parameter_bytes for o in graph.ops], dtype=np.float64)
+        self.apply_owner = _apply_owner(graph, var_index, self.op_var, self.is_apply, self.order)
+        self.ps_class = _ps_classes(graph, var_index)
+        # Gradient sync: trainable model variables whose gradient feeds the update.
+        sync_vars, grad_ops, consumers = [], [], []
+        e_sync_var = np.full(len(self.e_src), -1, dtype=np.int64)
+        seen_grad: set[int] = set()
+        for i, v in enumerate(graph.variables):
+            if v.owner != "model" or not v.trainable or v.gradient_op not in graph.index:
+                continue
+            g = graph.index[v.gradient_op]
+            if g in seen_grad:
+                continue
+            edges = np.flatnonzero((self.e_src == g) & self.is_apply[self.e_dst])
+            if len(edges) == 0:
+                continue
+            seen_grad.add(g)
+            e_sync_var[edges] = i
+            sync_vars.append(i), grad_ops.append(g), consumers.append(self.e_dst[edges])
+        self.e_sync_var = e_sync_var
+        self.sync_vars = np.array(sync_vars, dtype=np.int64)
+        self.sync_grad_op = np.array(grad_ops, dtype=np.int64)
+        self.sync_bytes = self.var_bytes[self.sync_vars] if len(sync_vars) else np.zeros(0)
+        self.sync_consumers = consumers
+        self._sync_cons_flat = np.concatenate(consumers) if consumers else np.zeros(0, dtype=np.int64)
+        self._sync_cons_owner = np.repeat(np.arange(len(consumers)), [len(c) for c in consumers])
+
+    @cached_property
+    def in_edges(self) -> list[np.ndarray]:
+        """Edge indices into each op."""
+        return _edges_by(self.e_dst, self.n)
+
+    @cached_property
+    def out_edges(self) -> list[np.ndarray]:
+        return _edges_by(self.e_src, self.n)
+
+    @cached_property
+    def predecessors(self) -> list[list[int]]:
+        return [self.e_src[e].tolist() for e in self.in_edges]
+
+    @cached_property
+    def successors(self) -> list[list[int]]:
+        return [self.e_dst[e].tolist() for e in self.out_edges]
+
+    @cached_property
+    def data_dependent(self) -> np.ndarray:
+        """Ops whose value depends on the batch (a replica's value is its own): batch-scaled ops and
+        everything downstream of one. Variable reads and constants are the same on every replica."""
+        dependent = self.batch_scaled.copy()
+        for i in self.order.tolist():  # topological
+            if not dependent[i] and any(dependent[j] for j in self.predecessors[i]):
+                dependent[i] = True
+        return dependent
+
+    def sync_all_single(self, kind: np.ndarray) -> np.ndarray:
+        """Per sync variable: are all consumers of its gradient single-device ops (a PS update)?"""
+        from .expand import SINGLE
+
+        not_single = kind[self._sync_cons_flat] != SINGLE
+        return np.bincount(self._sync_cons_owner[not_single], minlength=len(self.sync_vars)) == 0
+
+    # ---- one evaluation --------------------------------------------------------
+
+    def run(self, strategy: Strategy, timeline: bool = False) -> SimResult:
+        s = strategy
+        s.validate(self.n, self.topology.num_machines, self.num_devices)
+        p = place(self, s)
+        grad_colls, reduced = gradient_collectives(self, p, s)
+        moves, edge_colls = edge_transfers(self, p, s, reduced)
+        transfers = concat_transfers([moves, ps_pulls(self, p, s)])
+        colls = concat_collectives([grad_colls, edge_colls])
+        sched = schedule(self, p, s, transfers, colls)
+        return self._result(s, p, transfers, colls, sched, timeline)
+
+    def _result(self, s, p, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
+        slots = sched.slots
+        S, T = len(slots.dev), sched.iteration
+        peak = np.zeros(S)
+        busy = np.array([float(d.sum()) for d in sched.dur])
+        op_start = np.full(self.n, np.inf)
+        op_end = np.zeros(self.n)
+        op_idle = np.zeros(self.n)
+        for k in range(S):
+            ops, st, en = sched.chains[k], sched.start[k], sched.end[k]
+            np.minimum.at(op_start, ops, st)
+            np.maximum.at(op_end, ops, en)
+            gap = np.append(st[1:], T) - en
+            np.maximum.at(op_idle, ops, gap)
+            peak[k] = self._peak_memory(k, s, p, t, sched)
+        op_start[np.isinf(op_start)] = 0.0
+        G = s.num_groups
+        g_start = np.full(G, np.inf)
+        g_end = np.zeros(G)
+        np.minimum.at(g_start, s.op_groups, op_start)
+        np.maximum.at(g_end, s.op_groups, op_end)
+        makespan = np.where(np.isinf(g_start), 0.0, g_end - np.where(np.isinf(g_start), 0.0, g_start))
+        group_idle = np.bincount(s.op_groups, weights=op_idle, minlength=G)
+        of = slots.of_dev
+        peak_d = peak[of]
+        device_oom = peak_d > self.capacity
+        return SimResult(
+            iteration_time_s=T,
+            oom=bool(device_oom.any()),
+            device_oom=device_oom,
+            peak_memory_bytes=peak_d,
+            memory_capacity_bytes=self.capacity.copy(),
+            busy_s=busy[of],
+            idle_s=np.maximum(T - busy[of], 0.0),  # a device busy all step: rounding would show -0
+            op_start_s=op_start,
+            op_end_s=op_end,
+            op_idle_after_s=op_idle,
+            group_makespan_s=makespan,
+            group_idle_after_s=group_idle,
+            comm_s=comm_totals(t, sched, colls),
+            simulated_slots=S,
+            timeline=self._timeline(t, colls, sched) if want_timeline else None,
+        )
+
+    def _peak_memory(self, k: int, s: Strategy, p, t, sched: Schedule) -> float:
+        """Variables held + the peak of live activations under the simulated schedule."""
+        on = sched.on[k]
+        held = np.bincount(self.var_inc_var[on[self.var_inc_op]], minlength=self.num_vars) > 0
+        static = float(self.var_bytes[held].sum())
+        ops, start, end = sched.chains[k], sched.start[k], sched.end[k]
+        if len(ops) == 0:
+            return static
+        size = self.act_bytes[ops] * np.where(self.batch_scaled[ops], sched.batch[k] / self.batch, 1.0)
+        free = end.copy()
+        cidx = sched.cidx[k]
+        local = on[self.e_src] & on[self.e_dst]
+        np.maximum.at(free, cidx[self.e_src[local]], end[cidx[self.e_dst[local]]])
+        alloc_t, free_t, sizes = [start], [free], [size]
+        if len(t.cons_op):
+            out = (sched.tr_src_slot == k) & (t.src_op >= 0)
+            np.maximum.at(free, cidx[t.src_op[out]], sched.tr_end[out])
+            into = sched.tr_cons_slot == k
+            alloc_t.append(sched.tr_start[into])
+            free_t.append(end[cidx[t.cons_op[into]]])
+            sizes.append(t.nbytes[into])
+        a, f, b = np.concatenate(alloc_t), np.concatenate(free_t), np.concatenate(sizes)
+        # Live bytes just after each allocation: allocated so far minus freed by then.
+        a_order = np.argsort(a, kind="stable")
+        a_sorted, cum_alloc = a[a_order], np.cumsum(b[a_order])
+        f_order = np.argsort(f, kind="stable")
+        cum_free = np.concatenate([[0.0], np.cumsum(b[f_order])])
+        freed = cum_free[np.searchsorted(f[f_order], a_sorted, side="right")]
+        return static + float(max((cum_alloc - freed).max(), 0.0))
+
+    def _timeline(self, t, colls, sched: Schedule) -> Timeline:
+        slots = sched.slots
+        cd, co, cs, ce = [], [], [], []
+        for k in range(len(slots.dev)):
+            for d in np.flatnonzero(slots.of_dev == k).tolist():
+                cd.append(np.full(len(sched.chains[k]), d)), co.append(sched.chains[k])
+                cs.append(sched.start[k]), ce.append(sched.end[k])
+        md, mk, ms, me = [t.cons_dev], [t.kind], [sched.tr_start], [sched.tr_end]
+        for c, devices in enumerate(colls.devices):
+            n = len(devices)
+            md.append(devices), mk.append(np.full(n, colls.kind[c]))
+            ms.append(np.full(n, sched.coll_start[c])), me.append(np.full(n, sched.coll_end[c]))
+        cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0)  # noqa: E731
+        return Timeline(cat(cd).astype(np.int64), cat(co).astype(np.int64), cat(cs), cat(ce),
+                        cat(md).astype(np.int64), cat(mk).astype(np.int64), cat(ms), cat(me))
+
+
+def simulate(
+    graph: OpGraph,
+    topology: Topology,
+    strategy: Strategy,
+    profiles: pd.DataFrame | None = None,
+    batch_size: int | None = None,
+    timeline: bool = False,
+) -> SimResult:
+    """One-shot simulation; build a `Simulator` once instead when evaluating many strategies."""
+    return Simulator(graph, topology, profiles, batch_size).run(strategy, timeline=timeline)
+
+
+def _edges_by(endpoint: np.ndarray, n: int) -> list[np.ndarray]:
+    order = np.argsort(endpoint, kind="stable")
+    return np.split(order, np.searchsorted(endpoint[order], np.arange(1, n)))
+
+
+def _priority_order(sim: Simulator, graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Global execution order: as-soon-as-possible start under reference op times, inputs
+    fetched just in time, and the optimizer update (with all that depends on it) last.
+
+    Every device runs its ops in this order, so it must be topological: ASAP times grow
+    along edges, ties fall back to Kahn's order.
+    """
+    n = sim.n
+    topo = graph.topological_order()
+    rank = np.empty(n, dtype=np.int64)
+    rank[topo] = np.arange(n)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for a, b in zip(sim.e_src.tolist(), sim.e_dst.tolist()):
+        preds[b].append(a)
+        succs[a].append(b)
+    dur = sim.ref_time.tolist()
+    asap = [0.0] * n
+    for i in topo:
+        if preds[i]:
+            asap[i] = max(asap[j] + dur[j] for j in preds[i])
+    key = list(asap)
+    for i in range(n):
+        if not preds[i] and succs[i]:
+            key[i] = min(asap[j] for j in succs[i]) - dur[i]
+    tail = np.zeros(n, dtype=bool)  # the update and everything after it
+    for i in topo:
+        if sim.is_apply[i] or any(tail[j] for j in preds[i]):
+            tail[i] = True
+    order = np.lexsort((rank, np.array(key), tail))
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    return order, pos, tail
+
+
+def _apply_owner(graph: OpGraph, var_index: dict[str, int], op_var: np.ndarray, is_apply: np.ndarray,
+                 order: np.ndarray) -> np.ndarray:
+    """The model variable each optimizer op updates (-1 for shared ops such as the step counter).
+
+    Ops naming a variable get it (an optimizer slot maps to the model variable its name
+    embeds); unnamed ops take the one variable their consumers (else producers) agree on.
+    """
+    variables = graph.variables
+    model = [(i, v.name.replace("/", "_")) for i, v in enumerate(variables) if v.owner == "model"]
+    slot_owner = np.full(len(variables), -1, dtype=np.int64)
+    for i, v in enumerate(variables):
+        if v.owner == "model":
+            slot_owner[i] = i
+        else:
+            matches = [(len(key), j) for j, key in model if key in v.name]
+            slot_owner[i] = max(matches)[1] if matches else -1
+    owner = np.full(len(op_var), -1, dtype=np.int64)
+    named = (op_var >= 0) & is_apply
+    owner[named] = slot_owner[op_var[named]]
+    owner[~is_apply] = -1
+    preds: dict[int, list[int]] = {}
+    succs: dict[int, list[int]] = {}
+    for e in graph.edges:
+        if is_apply[e.src] and is_apply[e.dst]:
+            succs.setdefault(e.src, []).append(e.dst)
+            preds.setdefault(e.dst, []).append(e.src)
+    apply_order = [int(i) for i in order if is_apply[i]]
+    for sequence, links in ((reversed(apply_order), succs), (apply_order, preds)):
+        for i in sequence:
+            if owner[i] < 0:
+                found = {int(owner[j]) for j in links.get(i, []) if owner[j] >= 0}
+                if len(found) == 1:
+                    owner[i] = found.pop()
+    return owner
+
+
+def _ps_classes(graph: OpGraph, var_index: dict[str, int]) -> np.ndarray:
+    """Per variable, the class that must share one PS: variables an op takes together (an LSTM loop's
+    kernels) are read on one device, so a PS group places them on the same one."""
+    sets = DisjointSets(len(graph.variables))
+    for op in graph.ops:
+        if op.other_variables and op.variable in var_index:
+            for name in op.other_variables:
+                if name in var_index:
+                    sets.union(var_index[name], var_index[op.variable])
+    return sets.roots()

@@ -1,0 +1,46 @@
+"""DuckDB: TAG's schema and every SQL statement it runs. No SQL lives anywhere else.
+
+In: an open DuckDB connection (`connect` for the CLI, Dagster's `DuckDBResource` for assets)
+and plain rows: dicts, tuples and DataFrames. Out: rows again. The store knows no stage's
+types, so every stage may use it. Each write is one transaction.
+"""
+
+from .connection import CONNECT_CONFIG, connect, default_database, ensure_schema, tag_home, transaction
+from .graphs import (
+    captured_model,
+    list_captured_models,
+    load_op_groups,
+    op_graph_rows,
+    save_op_graph,
+    save_op_groups,
+)
+from .plans import (
+    PLAN_COLUMNS,
+    SFB_COLUMNS,
+    current_plans,
+    latest_plan,
+    latest_topology_snapshot,
+    load_fusion_plan,
+    load_plans,
+    load_sfb_decisions,
+    plan_lineage,
+    reinstate_topology,
+    retire_topology,
+    retired_topologies,
+    save_fusion_plan,
+    save_plan,
+    save_sfb_decisions,
+    save_topology_snapshot,
+)
+from .profiles import PROFILE_COLUMNS, load_profiles, profile_set_hash, profile_summary, replace_profiles
+from .schema import SCHEMA, SCHEMA_VERSION
+
+__all__ = [
+    "CONNECT_CONFIG", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
+    "captured_model", "connect", "current_plans", "default_database", "ensure_schema", "latest_plan",
+    "latest_topology_snapshot", "list_captured_models", "load_fusion_plan", "load_op_groups", "load_plans",
+    "load_profiles", "load_sfb_decisions", "op_graph_rows", "plan_lineage", "profile_set_hash", "profile_summary",
+    "reinstate_topology", "replace_profiles", "retire_topology", "retired_topologies", "save_fusion_plan",
+    "save_op_graph", "save_op_groups", "save_plan", "save_sfb_decisions", "save_topology_snapshot", "tag_home",
+    "transaction",
+]
