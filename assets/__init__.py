@@ -1,6 +1,8 @@
-"""Dagster assets, one module per stage. Each asset is a thin adapter over tag_core.
+"""Dagster assets, one folder per stage: `assets/<stage>/assets.py` holds the stage's assets and,
+where it has any, `assets/<stage>/checks.py` the asset checks of those assets. Each asset is a thin
+adapter over tag_core.
 
-Add a stage by adding its module to STAGE_MODULES; definitions.py picks it up.
+Add a stage by adding its folder (its `__init__` exports its assets) to STAGES; definitions.py picks it up.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from dagster import load_asset_checks_from_modules, load_assets_from_modules
 
 from . import capture, emission, fusion, gnn, planning, profiling, sfb
 
-STAGE_MODULES = [capture, profiling, planning, sfb, fusion, emission, gnn]
+STAGES = [capture, profiling, planning, sfb, fusion, emission, gnn]
 
-ALL_ASSETS = load_assets_from_modules(STAGE_MODULES)
-ALL_ASSET_CHECKS = load_asset_checks_from_modules(STAGE_MODULES)
+ALL_ASSETS = load_assets_from_modules(STAGES)
+ALL_ASSET_CHECKS = load_asset_checks_from_modules(STAGES)

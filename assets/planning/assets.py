@@ -35,8 +35,8 @@ from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
-from .capture import training_graph
-from .profiling import op_profiles
+from ..capture import training_graph
+from ..profiling import op_profiles
 
 _SNAPSHOT_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 

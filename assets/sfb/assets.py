@@ -16,7 +16,7 @@ from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
-from .planning import deployment_plan
+from ..planning import deployment_plan
 
 
 @asset(partitions_def=model_topology_partitions, deps=[deployment_plan], group_name="plan", pool=DUCKDB_POOL,

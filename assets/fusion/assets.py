@@ -18,7 +18,7 @@ from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
-from .capture import training_graph
+from ..capture import training_graph
 
 
 class FusionConfig(Config):
