@@ -20,7 +20,7 @@ from dagster import (
     sensor,
 )
 
-from assets.planning import cluster_topology
+from assets.cluster import cluster_topology
 from tag_core.cluster import DEFAULT_SETTLE_S, scan_snapshots, topology_directory
 from tag_pipelines.partitions import topology_partitions
 

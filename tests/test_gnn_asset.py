@@ -10,8 +10,9 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, instance_for_test, materialize
 
 from assets.capture import training_graph
+from assets.cluster import cluster_topology
 from assets.gnn import gnn_checkpoint
-from assets.planning import cluster_topology, deployment_plan, op_groups
+from assets.planning import deployment_plan, op_groups
 from assets.profiling import op_profiles
 from tag_core import store
 from tag_core.gnn.checkpoint import load_checkpoint

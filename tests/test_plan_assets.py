@@ -10,7 +10,8 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, instance_for_test, materialize
 
 from assets.capture import training_graph
-from assets.planning import cluster_topology, deployment_plan, op_groups
+from assets.cluster import cluster_topology
+from assets.planning import deployment_plan, op_groups
 from assets.profiling import op_profiles
 from assets.sfb import sfb_decisions
 from tag_core import store

@@ -1,5 +1,5 @@
-"""Stage 3, planning: `op_groups`, `cluster_topology` and `deployment_plan`."""
+"""Stage 3, planning: `op_groups` per model and `deployment_plan` per model × topology."""
 
-from .assets import GroupsConfig, PlanConfig, cluster_topology, deployment_plan, op_groups
+from .assets import GroupsConfig, PlanConfig, deployment_plan, op_groups
 
-__all__ = ["GroupsConfig", "PlanConfig", "cluster_topology", "deployment_plan", "op_groups"]
+__all__ = ["GroupsConfig", "PlanConfig", "deployment_plan", "op_groups"]

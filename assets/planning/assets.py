@@ -1,11 +1,10 @@
-"""Stage 3: op groups per model, topology snapshots, and the deployment plan per model × topology."""
+"""Stage 3: op groups per model and the deployment plan per model × topology."""
 
 # No `from __future__ import annotations`: Dagster checks the `context` annotation
 # as a real type and rejects the string form.
 
 import hashlib
 import json
-import re
 import uuid
 from typing import Optional
 
@@ -24,21 +23,19 @@ from pydantic import Field
 
 from tag_core import store
 from tag_core.capture import load_op_graph, resolve_model
-from tag_core.cluster import load_topology, recorded_topology, topology_directory
-from tag_core.errors import TagInputError
+from tag_core.cluster import recorded_topology
 from tag_core.fusion import FusionPlan
 from tag_core.gnn.prior import pipeline_prior
 from tag_core.plan import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
 from tag_core.report import markdown_image, plan_pictures
 from tag_core.search import DEFAULT_GROUPS, Budget, OpGroups
 from tag_pipelines.errors import input_errors_as_failures
-from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
+from tag_pipelines.partitions import model_partitions, model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
 from ..capture import training_graph
+from ..cluster import cluster_topology
 from ..profiling import op_profiles
-
-_SNAPSHOT_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 class GroupsConfig(Config):
@@ -81,45 +78,6 @@ def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: Gr
             "largest_groups": MetadataValue.md("| group | ops | compute µs |\n|---|---:|---:|\n" + top),
         },
         data_version=DataVersion(groups.content_hash()),
-    )
-
-
-@asset(partitions_def=topology_partitions, group_name="plan", pool=DUCKDB_POOL, kinds={"duckdb"})
-def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
-    """The validated snapshot `$TAG_TOPOLOGY_DIR/<key>.json` (default ./topologies), recorded in DuckDB."""
-    with input_errors_as_failures():
-        key = context.partition_key
-        if not _SNAPSHOT_KEY.match(key):
-            raise TagInputError("topology", f"{key!r} is not a snapshot name (letters, digits, '_', '-', '.')")
-        directory = topology_directory().resolve()
-        path = (directory / f"{key}.json").resolve()
-        if path.parent != directory:  # a symlink out of the directory
-            raise TagInputError("topology", f"{key}.json leaves {directory}")
-        if not path.is_file():
-            with open_store(duckdb) as conn:
-                known = store.latest_topology_snapshot(conn, key)
-                if known is None:
-                    raise TagInputError("topology", f"no snapshot {path}")
-                # Deleted: retire it; the partition, snapshots and plans keep their history.
-                store.retire_topology(conn, key, known["content_hash"])
-            context.log.info(f"{path} is gone: topology {key!r} retired")
-            return MaterializeResult(metadata={"retired": True, "content_hash": known["content_hash"]},
-                                     data_version=DataVersion(f"retired:{known['content_hash']}"))
-        topology = load_topology(path)
-        with open_store(duckdb) as conn:
-            store.save_topology_snapshot(conn, key, topology.content_hash(), topology.to_dict(), str(path))
-            store.reinstate_topology(conn, key)
-    return MaterializeResult(
-        metadata={
-            "machines": topology.num_machines,
-            "devices": topology.num_devices,
-            "gpu_types": MetadataValue.json(topology.gpu_types()),
-            "inter_gbps": float(topology.inter_gbps),
-            "links": len(topology.links),
-            "content_hash": topology.content_hash(),
-            "source_file": MetadataValue.path(str(path)),
-        },
-        data_version=DataVersion(topology.content_hash()),
     )
 
 
