@@ -1,8 +1,15 @@
-"""Dagster assets, one folder per stage: `assets/<stage>/assets.py` holds the stage's assets and,
-where it has any, `assets/<stage>/checks.py` the asset checks of those assets. Each asset is a thin
-adapter over tag_core.
+"""Dagster assets, one folder per stage, each a thin adapter over tag_core.
 
-Add a stage by adding its folder (its `__init__` exports its assets) to STAGES; definitions.py picks it up.
+    assets/<stage>/__init__.py   exports the stage's assets and checks
+    assets/<stage>/assets.py     the assets
+    assets/<stage>/checks.py     the checks of those assets, where the stage has any
+
+A check judges what its asset's materialization just made (a plan, an emitted graph), so the
+asset carries its specs (`check_specs=`) and reports the results with the materialization;
+checks.py holds the specs and the code that computes the results. A standalone `@asset_check`
+would sit in checks.py too, exported by the stage, and reach ALL_ASSET_CHECKS (none today).
+
+Add a stage by adding its folder to STAGES; definitions.py picks it up.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Stage 5, emission: `distributed_graph`, each model × topology's latest plan as a distributed TF graph."""
+"""Stage 5, emission: `distributed_graph`, each model × topology's latest plan as a distributed TF graph,
+and its check `graph_matches_single_device` (checks.py)."""
 
-from .assets import CHECK, EmitConfig, distributed_graph, graph_folder
+from .assets import EmitConfig, distributed_graph, graph_folder
+from .checks import CHECK, GRAPH_CHECK
 
-__all__ = ["CHECK", "EmitConfig", "distributed_graph", "graph_folder"]
+__all__ = ["CHECK", "GRAPH_CHECK", "EmitConfig", "distributed_graph", "graph_folder"]

@@ -6,8 +6,6 @@
 import hashlib
 
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSpec,
     AssetExecutionContext,
     Config,
     DataVersion,
@@ -22,16 +20,14 @@ from tag_core import store
 from tag_core.capture import resolve_model
 from tag_core.capture.steps import model_slug
 from tag_core.cluster import recorded_topology
-from tag_core.emit import Emission, emit_folder
+from tag_core.emit import emit_folder
 from tag_core.errors import TagInputError
-from tag_core.runtime import run_emitted
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
 from ..planning import deployment_plan
-
-CHECK = "graph_matches_single_device"
+from .checks import GRAPH_CHECK, graph_check
 
 
 class EmitConfig(Config):
@@ -51,9 +47,7 @@ def graph_folder(model: str, topology: str):
 @asset(
     partitions_def=model_topology_partitions,
     deps=[deployment_plan],
-    check_specs=[AssetCheckSpec(CHECK, asset="distributed_graph",
-                                description="Run on local TF servers, the emitted step computes the single-device "
-                                            "step: loss and every variable within 1e-4 (small models only).")],
+    check_specs=[GRAPH_CHECK],
     group_name="emit",
     pool=DUCKDB_POOL,
     kinds={"tensorflow"},
@@ -96,28 +90,3 @@ def distributed_graph(context: AssetExecutionContext, duckdb: DuckDBResource, co
 
 def _graph_version(out) -> str:
     return hashlib.sha256((out / "graph.pb").read_bytes()).hexdigest()[:16]
-
-
-def graph_check(emission: Emission, out, config: EmitConfig, context: AssetExecutionContext) -> AssetCheckResult:
-    """Run the emitted step with --check when it is small enough to run here; otherwise say why not."""
-    parameter_bytes = emission.graph.parameter_bytes
-    ops = len(emission.emitted.graph_def.node)
-    too_big = (f"{parameter_bytes / 2**20:.0f} MiB of parameters (limit {config.check_max_parameter_bytes / 2**20:.0f})"
-               if parameter_bytes > config.check_max_parameter_bytes else
-               f"{ops} ops (limit {config.check_max_ops})" if ops > config.check_max_ops else None)
-    if too_big:
-        return AssetCheckResult(check_name=CHECK, passed=True,
-                                metadata={"ran": False, "reason": f"not run here: {too_big}"})
-    result = run_emitted(out, steps=config.check_steps, check=True, timeout=config.check_timeout_s,
-                         echo=context.log.info)
-    metadata = {"ran": True, "steps": len(result.steps), "report": MetadataValue.md("\n".join(
-        f"    {line}" for line in result.lines))}
-    if result.max_relative_difference is not None:
-        metadata["max_relative_difference"] = result.max_relative_difference
-    if result.reference:
-        metadata["reference"] = result.reference
-    if result.check_skipped:
-        metadata["check_skipped"] = result.check_skipped
-    if result.seconds_per_step is not None:
-        metadata["seconds_per_step"] = result.seconds_per_step
-    return AssetCheckResult(check_name=CHECK, passed=result.ok, metadata=metadata)

@@ -9,8 +9,6 @@ import uuid
 from typing import Optional
 
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSpec,
     AssetExecutionContext,
     Config,
     DataVersion,
@@ -36,6 +34,7 @@ from tag_pipelines.resources import DUCKDB_POOL, open_store
 from ..capture import training_graph
 from ..cluster import cluster_topology
 from ..profiling import op_profiles
+from .checks import PLAN_CHECKS, plan_check_results
 
 
 class GroupsConfig(Config):
@@ -84,12 +83,7 @@ def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: Gr
 @asset(
     partitions_def=model_topology_partitions,
     deps=[op_groups, cluster_topology, op_profiles],
-    check_specs=[
-        AssetCheckSpec("plan_fits_memory", asset="deployment_plan",
-                       description="No device runs out of memory under the plan (simulated)."),
-        AssetCheckSpec("plan_beats_baselines", asset="deployment_plan",
-                       description="TAG is no slower than DP-NCCL and DP-NCCL-P (simulated)."),
-    ],
+    check_specs=PLAN_CHECKS,
     group_name="plan",
     pool=DUCKDB_POOL,
     kinds={"duckdb"},
@@ -143,22 +137,6 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
         },
         data_version=DataVersion(_plan_version(data)),
     )
-
-
-def plan_check_results(data: dict) -> list[AssetCheckResult]:
-    tag = data["tag"]["iteration_time_s"]
-    slower_than = [
-        name for name in ("dp_nccl", "dp_nccl_p")
-        if not data["baselines"][name].get("oom") and tag > data["baselines"][name]["iteration_time_s"] * (1 + 1e-9)
-    ]
-    return [
-        AssetCheckResult(check_name="plan_fits_memory", passed=not data["oom"],
-                         metadata={"peak_memory_bytes": MetadataValue.json(data["tag"].get("peak_memory_bytes"))}),
-        AssetCheckResult(check_name="plan_beats_baselines", passed=not slower_than,
-                         metadata={"tag_ms": tag * 1e3, "slower_than": ", ".join(slower_than) or "none",
-                                   **{f"{name}_ms": data["baselines"][name]["iteration_time_s"] * 1e3
-                                      for name in ("dp_nccl", "dp_nccl_p")}}),
-    ]
 
 
 def _plan_version(data: dict) -> str:
