@@ -1,4 +1,9 @@
-"""The TAG code location: `load_from: python_module: tag_pipelines.definitions`."""
+"""The TAG code location: `load_from: python_module: tag_pipelines.definitions`.
+
+A merge of what the stage folders under `assets/` define (assets and their checks), the sensors
+and schedules in `sensors/`, and the resources of the environment TAG_ENV names (default `local`;
+see tag_pipelines.resources).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,15 @@
-"""Resources of the TAG code location, built in one place.
+"""Resources of the TAG code location, one set per environment, picked by `TAG_ENV` (default `local`).
 
-`duckdb` is a `DuckDBResource` on `$TAG_HOME/tag.duckdb`; `profiling` holds the
-profiler's settings so a run's config can change them, e.g.
+    TAG_ENV=local   your machine: `duckdb` on `$TAG_HOME/tag.duckdb` (TAG_HOME defaults to ./.tag);
+                    `profiling` at its defaults (batch sizes 1, 2, 4, 8; 5 runs after 2 warm-ups)
+    TAG_ENV=ci      a throwaway run, e.g. on a 2-core CI machine: `duckdb` on `$TAG_HOME/tag.duckdb`
+                    with TAG_HOME required (so nothing lands in the clone); a short profile
+                    (batch sizes 1, 2; 2 runs after 1 warm-up): it checks the flow, not the timings
+
+Both use the same resource types, so the assets cannot tell them apart. Any other value of
+TAG_ENV fails the load with one line: `TAG_ENV: 'prod' is not an environment; use one of: local, ci`.
+
+`profiling` holds the profiler's settings so a run's config can change them, e.g.
 
     resources:
       profiling:
@@ -11,8 +19,9 @@ profiler's settings so a run's config can change them, e.g.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import duckdb as duckdb_lib
 from dagster import ConfigurableResource
@@ -20,12 +29,17 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from tag_core import store
+from tag_core.errors import TagInputError
 
 # DuckDB allows one writer per file, across processes: every asset that writes
 # the store runs in this pool. Give it a limit of 1 in the instance's
 # dagster.yaml (`concurrency: pools: default_limit: 1`) or with
 # `dagster instance concurrency set tag_duckdb 1`; a pool without a limit is unlimited.
 DUCKDB_POOL = "tag_duckdb"
+
+# The environment variable that picks the resources (see RESOURCES_BY_ENV), and its default.
+ENV_VAR = "TAG_ENV"
+DEFAULT_ENV = "local"
 
 
 class ProfilingSettings(ConfigurableResource):
@@ -46,8 +60,35 @@ def duckdb_resource(database: str | Path | None = None) -> DuckDBResource:
     return DuckDBResource(database=str(path.resolve()))
 
 
-def build_resources(database: str | Path | None = None) -> dict[str, Any]:
+def local_resources(database: str | Path | None = None) -> dict[str, Any]:
+    """This machine: the store in $TAG_HOME, the profiler at its defaults."""
     return {"duckdb": duckdb_resource(database), "profiling": ProfilingSettings()}
+
+
+def ci_resources(database: str | Path | None = None) -> dict[str, Any]:
+    """A throwaway run: the store in an explicit $TAG_HOME, a short profile."""
+    if database is None and not os.environ.get("TAG_HOME"):
+        raise TagInputError("TAG_HOME", f"not set; {ENV_VAR}=ci needs a throwaway directory for the store")
+    return {"duckdb": duckdb_resource(database), "profiling": ProfilingSettings(batch_sizes=[1, 2], runs=2, warmup=1)}
+
+
+RESOURCES_BY_ENV: dict[str, Callable[..., dict[str, Any]]] = {"local": local_resources, "ci": ci_resources}
+
+
+def environment(name: str | None = None) -> str:
+    """`name`, else $TAG_ENV, else `local`; a name with no resources is a one-line TagInputError."""
+    name = name or os.environ.get(ENV_VAR) or DEFAULT_ENV
+    if name not in RESOURCES_BY_ENV:
+        raise TagInputError(ENV_VAR, f"{name!r} is not an environment; use one of: {', '.join(RESOURCES_BY_ENV)}")
+    return name
+
+
+def build_resources(database: str | Path | None = None, env: str | None = None) -> dict[str, Any]:
+    """The resources of environment `env` (default: $TAG_ENV, else local), built now.
+
+    The DuckDB path is fixed here: build them after TAG_HOME is set.
+    """
+    return RESOURCES_BY_ENV[environment(env)](database)
 
 
 @contextlib.contextmanager
