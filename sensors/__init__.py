@@ -1,4 +1,10 @@
-"""Dagster sensors and schedules: re-plan when a topology snapshot or a model changes, and nightly."""
+"""Dagster sensors and schedules, side by side: re-plan when a topology snapshot or a model changes, and nightly.
+
+    topology_snapshots.py   topology_snapshot_sensor: snapshots dropped into TAG_TOPOLOGY_DIR
+    models.py               model_sensor: entries of the model registry (models.yaml)
+    automation.py           tag_automation: eager declarative automation below the roots (with_automation)
+    schedules.py            nightly_replan: deployment_plan for every live model × topology
+"""
 
 from .automation import automation_sensor, with_automation
 from .models import model_sensor
@@ -8,4 +14,7 @@ from .topology_snapshots import topology_snapshot_sensor
 SENSORS = [topology_snapshot_sensor, model_sensor, automation_sensor]
 SCHEDULES = [nightly_replan]
 
-__all__ = ["SENSORS", "SCHEDULES", "with_automation"]
+__all__ = [
+    "SCHEDULES", "SENSORS", "automation_sensor", "model_sensor", "nightly_replan", "topology_snapshot_sensor",
+    "with_automation",
+]
