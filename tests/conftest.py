@@ -1,19 +1,67 @@
-"""Shared fixtures: every test gets its own TAG_HOME (and so its own DuckDB)."""
+"""Shared fixtures. Tests are hermetic: TAG_HOME, DAGSTER_HOME and the model registry point at
+temporary directories (one per test, and one for the session for module-scoped fixtures), and
+the session fails if it left anything new in the checkout."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# Before any fixture runs: module- and session-scoped fixtures, and code run at import, see these too.
+SESSION_HOME = Path(tempfile.mkdtemp(prefix="tag-tests-"))
+os.environ["TAG_HOME"] = str(SESSION_HOME / "tag_home")
+os.environ["DAGSTER_HOME"] = str(SESSION_HOME / "dagster_home")
+os.environ["TAG_MODELS_FILE"] = str(SESSION_HOME / "models.yaml")
+(SESSION_HOME / "dagster_home").mkdir()
 
-@pytest.fixture
-def tag_home(tmp_path, monkeypatch):
+
+def _untracked_and_changed() -> set[str] | None:
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(out.stdout.splitlines()) if out.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_CHECKOUT] = _untracked_and_changed()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+    before = session.config.stash.get(_CHECKOUT, None)
+    after = _untracked_and_changed()
+    if before is None or after is None:
+        return
+    new = sorted(after - before)
+    if new:
+        print("\ntests wrote into the checkout (they must use tmp_path / TAG_HOME):\n  " + "\n  ".join(new))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_CHECKOUT = pytest.StashKey[set]()
+
+
+@pytest.fixture(autouse=True)
+def tag_home(tmp_path, tmp_path_factory, monkeypatch):
+    """Every test gets its own TAG_HOME (and so its own DuckDB), Dagster home and model registry.
+    The last two live outside tmp_path, which stays the test's own."""
     home = tmp_path / "tag_home"
     monkeypatch.setenv("TAG_HOME", str(home))
+    elsewhere = tmp_path_factory.mktemp("env")
+    (elsewhere / "dagster_home").mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(elsewhere / "dagster_home"))
+    monkeypatch.setenv("TAG_MODELS_FILE", str(elsewhere / "models.yaml"))
     return home
 
 

@@ -8,7 +8,8 @@ communication totals, and a timeline (PNG/SVG/PDF/JSON via `save_timeline`).
 """
 
 from .cost import ComputeModel
-from .simulator import SimResult, Simulator, Timeline, simulate
+from .result import SimResult, Timeline
+from .simulator import Simulator, simulate
 from .strategy import OPTIONS, Strategy
 from .timeline import check_timeline_path, save_timeline, timeline_formats
 
