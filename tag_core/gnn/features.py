@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tag_core.simulate.simulator import SimResult
+from tag_core.simulate.result import SimResult
 from tag_core.simulate.strategy import OPTIONS
 
 FEATURE_VERSION = 1

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from tag_core.errors import TagInputError
-from tag_core.simulate.simulator import SimResult, Simulator
+from tag_core.simulate.result import SimResult
+from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import Strategy
 
 BASELINES = ("dp-nccl", "dp-nccl-p", "horovod", "single")

@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from tag_core.simulate.simulator import SimResult
+from tag_core.simulate.result import SimResult
 from tag_core.simulate.strategy import Strategy
 
 from .space import (  # noqa: F401  (re-exported: the planner API lives here)

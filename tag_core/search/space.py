@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tag_core.capture.graph import Edge, OpGraph
-from tag_core.simulate.simulator import SimResult, Simulator
+from tag_core.simulate.result import SimResult
+from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
 from .grouping import OpGroups, group_ops
