@@ -17,7 +17,7 @@ from .result import SimResult
 
 PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "update": "#55A868"}
 COMM_COLORS = {"p2p": "#8172B3", "ps_pull": "#937860", "ps_push": "#DA8BC3", "gather": "#8C8C8C", "allreduce": "#C44E52",
-               "allgather": "#55A868", "broadcast": "#CCB974"}
+               "allgather": "#64B5CD", "broadcast": "#CCB974"}  # no colour twice in one chart
 
 
 def op_phases(graph: OpGraph) -> np.ndarray:
