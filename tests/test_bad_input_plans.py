@@ -211,7 +211,8 @@ def test_plan_at_the_largest_seed_is_stored_and_written(planned, tmp_path, capsy
 def _warm_variants(plan: dict) -> dict[str, tuple[dict, str]]:
     strategy = plan["strategy"]
     other_ops = copy.deepcopy(plan)
-    other_ops["strategy"].update(op_groups=None, num_ops=strategy["num_ops"] + 3)
+    # op_devices goes too: a plan with model-parallel groups (profiles are measured) has one entry per op
+    other_ops["strategy"].update(op_groups=None, num_ops=strategy["num_ops"] + 3, op_devices=None)
     other_model = {**copy.deepcopy(plan), "model": "small_cnn"}
     unnamed = copy.deepcopy(plan)
     unnamed["strategy"].pop("extra")
