@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
+# Two pytest workers: most of a slow test is one core starting TensorFlow in a child process.
+# More workers would pass the suite's 8 GiB memory budget (each holds up to ~3.5 GB).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 .PHONY: install test test-fast demo benchmarks clean
 
@@ -18,10 +22,10 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # The main job: demo models x examples/topologies through Dagster's CLI, then the plan table and report.
 # DEMO_ARGS=--full plans the six benchmark models instead (slow on a CPU).

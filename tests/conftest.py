@@ -52,6 +52,22 @@ def pytest_sessionfinish(session, exitstatus):
 _CHECKOUT = pytest.StashKey[set]()
 
 
+# Modules whose one test takes minutes: they start first so that, across xdist workers, the rest runs beside them.
+STARTS_FIRST = ("test_end_to_end.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules with the most slow tests first (each module stays in one piece, so its fixtures build once)."""
+    order: dict[str, int] = {}
+    slow: dict[str, int] = {}
+    for index, item in enumerate(items):
+        module = item.nodeid.split("::")[0]
+        order.setdefault(module, index)
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+    first = lambda module: not module.endswith(STARTS_FIRST)  # noqa: E731
+    items.sort(key=lambda item: (first(m := item.nodeid.split("::")[0]), -slow[m], order[m]))
+
+
 @pytest.fixture(autouse=True)
 def tag_home(tmp_path, tmp_path_factory, monkeypatch):
     """Every test gets its own TAG_HOME (and so its own DuckDB), Dagster home and model registry.

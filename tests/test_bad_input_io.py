@@ -151,6 +151,7 @@ def test_closed_pipe_exits_quietly(tmp_path):
     assert result.returncode == 1 and result.stderr == ""
 
 
+@pytest.mark.slow
 def test_error_after_tensorflow_loads_is_one_line(tmp_path):
     """TF's C++ start-up lines (absl's InitializeLog warning, oneDNN INFO) must not precede the error."""
     (tmp_path / "um.py").write_text(textwrap.dedent("""

@@ -133,6 +133,7 @@ def test_a_plan_for_another_model_or_topology_is_refused(tmp_path, capsys, tag_h
     _refused_before_anything(tmp_path, capsys, command, file, fragment)
 
 
+@pytest.mark.slow
 def test_sfb_checks_the_plan_shape_against_the_captured_graph(tmp_path, capsys, tag_home):
     assert main(["capture", MODEL]) == 0
     conn = store.connect()

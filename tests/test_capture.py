@@ -88,6 +88,7 @@ def test_transformer_options_capture():
     assert graph.summary()["gradient_ops"] > 0
 
 
+@pytest.mark.slow
 def test_big_models_trace_other_batch_sizes_in_a_child_process(tag_home):
     from tag_core.capture import ensure_step_files
     from tag_core.capture.steps import CHILD_TRACE_BYTES

@@ -65,17 +65,20 @@ def test_profiles_export_import(tag_home, tmp_path, capsys):
     assert "imported" in capsys.readouterr().out
 
 
+SLOW = pytest.mark.slow  # a user model file: `tag` in a subprocess imports TF
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
         (["capture", "not_a_model"], "model: unknown model 'not_a_model'"),
         (["capture", "nowhere/x.py:build"], "model: file 'nowhere/x.py' does not exist"),
-        (["capture", "{models}:raises"], "raised RuntimeError"),
-        (["capture", "{models}:absent"], "has no function 'absent'"),
+        pytest.param(["capture", "{models}:raises"], "raised RuntimeError", marks=SLOW),
+        pytest.param(["capture", "{models}:absent"], "has no function 'absent'", marks=SLOW),
         (["capture", "mlp", "--batch-size", "0"], "--batch-size: must be a positive integer"),
         (["profile", "mlp", "--batch-sizes", "2,-1"], "--batch-sizes: must be comma-separated positive integers"),
         (["profile", "mlp", "--warmup", "-1"], "--warmup: must be a non-negative integer"),
-        (["profile", "{models}:raises"], "raised RuntimeError"),
+        pytest.param(["profile", "{models}:raises"], "raised RuntimeError", marks=SLOW),
         (["profiles", "import", "{missing_csv}"], "cannot read the file"),
         (["profiles", "import", "{bad_csv}"], "time_us: must be a number"),
     ],

@@ -57,6 +57,7 @@ def test_remote_merge_of_siblings():
     assert plan.patterns == [["a", "b"]]
 
 
+@pytest.mark.slow
 def test_variable_updates_join_the_arithmetic_that_feeds_them(transformer):
     graph, step = transformer
     types = {op.name: op.type for op in graph.ops}
@@ -91,6 +92,7 @@ def test_transformer_plan_is_legal(transformer):
     assert json.loads(json.dumps(plan.to_json()))["ops_fused"] == plan.ops_fused
 
 
+@pytest.mark.slow
 def test_xla_marked_step_computes_the_same(transformer):
     import tensorflow as tf
 
@@ -175,6 +177,7 @@ def _clusters(graph_def) -> dict[str, set[str]]:
     return scopes
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_emit_with_a_fusion_plan_file_passes_the_check(tmp_path, tag_home, capsys):
     """`tag fuse --json` > file; `tag emit --fusion file`; `tag run --check` holds within 1e-4."""
@@ -207,6 +210,7 @@ def test_emit_with_a_fusion_plan_file_passes_the_check(tmp_path, tag_home, capsy
     assert report["ok"] and len(report["steps"]) == 2 and report["max_relative_difference"] <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["duplicate", "ps"])
 def test_emitted_cnn_with_fresh_fusion_plan_matches_single_device(tmp_path, strategy):
@@ -238,6 +242,7 @@ def test_emit_rejects_a_fusion_plan_of_another_model(tmp_path, tag_home):
                  "--fusion", str(tmp_path / "fusion.json"), "--out", str(tmp_path / "out")]) == 2
 
 
+@pytest.mark.slow
 def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     """Per-pattern tuning (variables included) keeps a subset; the step check keeps a subset of that."""
     from tag_core.fusion import check_step, step_fetches, tune_plan

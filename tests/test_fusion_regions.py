@@ -193,6 +193,7 @@ HLO_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_xla_compiles_a_region_with_library_calls_and_variables_updated_in_place(tmp_path):
     """The optimised HLO of the step's region: every dot is an instruction of its own, never inside a fusion, and
@@ -225,6 +226,7 @@ TWO_BY_TWO = {"name": "two2", "inter_gbps": 10,
                            {"name": "b", "gpu": "GTX1080Ti", "count": 2, "intra_gbps": 64}]}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["allreduce", "ps"])
 def test_an_emitted_step_with_regions_matches_the_single_device_step(tmp_path, strategy):

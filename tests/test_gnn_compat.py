@@ -29,6 +29,7 @@ def test_stub_install_is_idempotent():
     assert sys.modules[GRAPHBOLT] is before
 
 
+@pytest.mark.slow
 def test_plain_import_dgl_without_the_stub_fails_in_a_fresh_process_and_works_with_it():
     """Documents why the module exists: the bare import breaks on this torch; through compat it works."""
     env_code = "import os; os.environ.setdefault('DGLBACKEND', 'pytorch');"

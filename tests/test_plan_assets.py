@@ -51,6 +51,7 @@ PLAN_KEY = MultiPartitionKey({"model": MODEL, "topology": "small"})
 PLAN_CONFIG = {"ops": {"deployment_plan": {"config": {"budget_iterations": 15, "seed": 2}}}}
 
 
+@pytest.mark.slow
 def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance) -> None:
     instance.add_dynamic_partitions(model_partitions.name, [MODEL])
     instance.add_dynamic_partitions(topology_partitions.name, ["small"])

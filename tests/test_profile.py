@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from shared_stores import building, copy_store
 
 from tag_core import store
 from tag_core.capture import load_op_graph, resolve_model
@@ -12,12 +13,19 @@ from tag_core.profile import export_profiles, import_profiles, profile_model, re
 TINY = "small_cnn[image_size=8,classes=4]"
 
 
+@pytest.fixture(scope="module")
+def profiled_store(tmp_path_factory):
+    """TINY captured and profiled at batch sizes 2 and 4 (3 runs each), once for this module."""
+    with building(tmp_path_factory.mktemp("profiled") / "tag_home") as home:
+        with store.connect() as conn:
+            profile_model(conn, resolve_model(TINY), [2, 4], runs=3, warmup=1, show_progress=False)
+    return home
+
+
 @pytest.fixture
-def profiled(tag_home):
-    conn = store.connect()
-    spec = resolve_model(TINY)
-    profile_model(conn, spec, [2, 4], runs=3, warmup=1, show_progress=False)
-    yield conn, spec
+def profiled(profiled_store, tag_home):
+    conn = store.connect(copy_store(profiled_store, tag_home))
+    yield conn, resolve_model(TINY)
     conn.close()
 
 

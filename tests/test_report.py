@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 
 import pytest
+from shared_stores import building, copy_store
 
 from tag_core import store
 from tag_core.cli import main
@@ -21,14 +24,23 @@ SNAPSHOT = {
 MODEL = "mlp[features=16,hidden=8]"
 
 
-@pytest.fixture
-def planned(tag_home, tmp_path, capsys):
-    topology = tmp_path / "two.json"
+@pytest.fixture(scope="module")
+def planned_store(tmp_path_factory):
+    """Two `tag plan` runs (seeds 0 and 1) into one store, built once for this module."""
+    folder = tmp_path_factory.mktemp("report")
+    topology = folder / "two.json"
     topology.write_text(json.dumps(SNAPSHOT))
-    for seed in (0, 1):
-        assert main(["plan", MODEL, "--topology", str(topology), "--budget-iterations", "20", "--seed", str(seed),
-                     "--groups", "8", "--json"]) == 0
-    capsys.readouterr()
+    with building(folder / "tag_home") as home, contextlib.redirect_stdout(io.StringIO()):
+        for seed in (0, 1):
+            assert main(["plan", MODEL, "--topology", str(topology), "--budget-iterations", "20", "--seed", str(seed),
+                         "--groups", "8", "--json"]) == 0
+    return home, topology
+
+
+@pytest.fixture
+def planned(planned_store, tag_home):
+    home, topology = planned_store
+    copy_store(home, tag_home)
     return topology
 
 

@@ -73,6 +73,7 @@ def _emit_run(tmp_path, model: str, strategy, steps: int = 3, topology=TWO_BY_TW
     return emission, result, lines
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("model", list(MODELS))
@@ -96,6 +97,7 @@ def test_emitted_step_matches_single_device(tmp_path, model, scenario):
         assert split and split[0].batches == (1, 2, 3, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_single_device_baseline_runs(tmp_path):
     emission, result, lines = _emit_run(tmp_path, "mlp", "single", steps=2)
@@ -103,6 +105,7 @@ def test_single_device_baseline_runs(tmp_path):
     assert len({n.device for n in emission.emitted.graph_def.node}) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_collective_missing_a_peer_fails_with_its_name(tmp_path):
     emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
@@ -142,6 +145,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_one_task_per_process_with_a_cluster_file(tmp_path):
     emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
@@ -184,6 +188,7 @@ def test_run_cli_bad_folder_exits_2(tmp_path, capsys):
     assert "tag emit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_run_cli_unreadable_folder_files_and_cluster_files_exit_2(tmp_path, capsys):
     import shutil
@@ -208,6 +213,7 @@ def test_run_cli_unreadable_folder_files_and_cluster_files_exit_2(tmp_path, caps
         assert err.startswith("tag: error: --cluster: ") and problem in err and "\n" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_run_cli_json(tmp_path, capsys):
     emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, "duplicate", "cpu")
@@ -261,6 +267,7 @@ def bn_model(user_models):
     return f"{user_models}:bn_cnn"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("builder, option", [("dropout_mlp", "allreduce"), ("lstm", "allreduce"),
                                              ("lstm", "ps"),  # the loop's kernels on one PS, not round-robin
@@ -280,6 +287,7 @@ def test_dropout_and_loops_match_the_single_device_step(tmp_path, user_models, b
                for step in result.steps)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_dropout_with_batch_norm_replicas_matches_the_per_sub_batch_reference(tmp_path, user_models):
     emission = emit(resolve_model(f"{user_models}:bn_dropout_cnn", BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
@@ -292,6 +300,7 @@ def test_dropout_with_batch_norm_replicas_matches_the_per_sub_batch_reference(tm
     assert all(step["passed"] and not step["noise_gradient_variables"] for step in result.steps)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_batch_norm_replicas_match_the_per_sub_batch_reference(tmp_path, bn_model):
     emission = emit(resolve_model(bn_model, BATCH), TWO_BY_TWO, one_option("allreduce"), "cpu")
@@ -309,6 +318,7 @@ def test_batch_norm_replicas_match_the_per_sub_batch_reference(tmp_path, bn_mode
     assert any("not compared" in line and "sequential/conv/bias" in line for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_batch_norm_split_across_placements_skips_the_check_plainly(tmp_path, bn_model):
     def cut_inside_bn(graph, topology):
@@ -325,6 +335,7 @@ def test_batch_norm_split_across_placements_skips_the_check_plainly(tmp_path, bn
     assert all("reference_loss" not in step for step in result.steps)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_distributed_graph_asset_emits_the_latest_plan_and_checks_it(tmp_path, monkeypatch):
     """A plan from the planner, stored; the asset writes its graph under $TAG_HOME/graphs and runs the check."""
@@ -366,6 +377,7 @@ def test_distributed_graph_asset_emits_the_latest_plan_and_checks_it(tmp_path, m
     assert checks[0].metadata["max_relative_difference"].value <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_gpu_graph_runs_here_on_cpu_devices(tmp_path):
     emission = emit(resolve_model(MODELS["mlp"], BATCH), TWO_BY_TWO, "ps", "gpu")

@@ -89,6 +89,7 @@ def test_a_sum_that_would_not_gain_or_has_no_static_shapes_is_left_alone(case):
     assert graph_def.SerializeToString() == before
 
 
+@pytest.mark.slow
 def test_a_text_models_step_with_its_embedding_sums_as_gathers_trains_as_the_plain_step():
     """A small BERT's Adam reads its token embedding's gradient as two dense sums: both become gathers, and two
     steps compiled as a region give the loss and the parameters of the plain step."""

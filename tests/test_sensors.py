@@ -133,6 +133,7 @@ def test_model_sensor_follows_the_registry_and_source_files(tmp_path, monkeypatc
     assert "listed twice" in tick(model_sensor, instance, edited.cursor).skip_message
 
 
+@pytest.mark.slow
 def test_eager_automation_requests_profiles_after_a_new_graph(tag_home, instance):
     model = "mlp[features=8,hidden=4]"
     instance.add_dynamic_partitions(model_partitions.name, [model])

@@ -203,6 +203,7 @@ def _sfb_everywhere(option: str, fusion_bytes: int = 0):
     return build
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("model,option,fusion_bytes", [
     ("mlp", "allreduce", 0), ("mlp", "ps", 0), ("mlp", "allreduce", 64 * 2**20), ("transformer", "allreduce", 0)])
