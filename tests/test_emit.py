@@ -271,3 +271,43 @@ def test_fusion_buckets_gradients(two_by_two):
     assert {"SplitV", "Reshape", "ConcatV2"} <= ops
     tiny = emit(spec, topology, allreduce(1), "cpu")  # every gradient fills a bucket by itself
     assert len(tiny.emitted.collectives) == 4 * len(trainable)
+
+
+def test_a_second_emit_of_a_model_reuses_its_traces_and_builds_the_same_graph(two_by_two):
+    from tag_core.capture import capture
+    from tag_core.capture.trace import builds
+
+    topology = load_topology(two_by_two)
+    shares = np.array([1.0, 2.0, 3.0, 2.0])
+
+    def emitted():
+        spec = resolve_model(MLP, 8)
+        strategy = Strategy.uniform(len(capture(spec).graph.ops), 2, 4, "allreduce", batch_shares=shares)
+        start = builds()
+        emission = emit(spec, topology, strategy, "cpu")
+        return emission, builds() - start
+
+    first, first_builds = emitted()  # capture() built the model last: the emitter builds its own
+    again, again_builds = emit(resolve_model(MLP, 8), topology, first.strategy, "cpu"), 0
+    fresh, fresh_builds = emitted()  # capture() in between: a fresh build, as if nothing were kept
+    assert (first_builds, fresh_builds) == (1, 1)
+    assert _bytes(again) == _bytes(first)
+    assert _bytes(fresh, normal=True) == _bytes(first, normal=True)
+    for other in (again, fresh):
+        assert other.initial_values.keys() == first.initial_values.keys()
+        assert all(np.array_equal(other.initial_values[k], first.initial_values[k]) for k in first.initial_values)
+    # Copies: rewriting one emission's traces leaves the next one's alone.
+    again.reference.graph_def.node[0].name = "rewritten"
+    assert emit(resolve_model(MLP, 8), topology, first.strategy, "cpu").reference.graph_def.node[0].name != "rewritten"
+
+
+def _bytes(emission, normal: bool = False) -> bytes:
+    """The emitted GraphDef; `normal` drops `_gradient_op_type`, a process-wide counter TF bumps at every trace."""
+    graph_def = emission.emitted.graph_def
+    if normal:
+        from tag_core.capture.graph import copy_graph_def
+
+        graph_def = copy_graph_def(graph_def)
+        for node in graph_def.node:
+            node.attr.pop("_gradient_op_type", None)
+    return graph_def.SerializeToString(deterministic=True)

@@ -77,6 +77,13 @@ def synthetic_batch(spec: ModelSpec, batch_size: int, seed: int = 0) -> list[np.
     return arrays
 
 
+_builds = 0  # how many times this process built a model (clearing Keras' session each time)
+
+
+def builds() -> int:
+    return _builds
+
+
 def build_keras(spec: ModelSpec):
     """Build the model and its optimizer, turning builder failures into input errors.
 
@@ -86,6 +93,8 @@ def build_keras(spec: ModelSpec):
     """
     import keras
 
+    global _builds
+    _builds += 1
     keras.backend.clear_session()
     try:
         model = spec.build()

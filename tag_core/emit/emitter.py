@@ -75,22 +75,19 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
     With `fusion` (a FusionPlan, or a function of the captured OpGraph and the step returning one), each
     copy of each fused pattern is marked as one XLA cluster and each region on a device compiled as one function
     call (`fusion.mark_emitted_for_xla`)."""
-    import keras
-
-    from tag_core.capture.trace import build_keras, trace_step
+    from tag_core.capture.traces import model_traces
 
     if device_kind not in DEVICE_KINDS:
         raise TagInputError("--device-kind", f"must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
     start = time.perf_counter()
     captured_batch = spec.batch_size
     batch = int((plan or {}).get("batch_size") or captured_batch)
-    keras.utils.set_random_seed(INIT_SEED)
-    keras_objects = build_keras(spec)
+    model = model_traces(spec, INIT_SEED)
     traces: dict[int, TracedStep] = {}
 
     def traced(b: int) -> TracedStep:
         if b not in traces:
-            traces[b] = trace_step(spec, b, keras_objects)
+            traces[b] = model.at(b)
         return traces[b]
 
     graph = build_op_graph(traced(captured_batch), traced(captured_batch + 1))
@@ -122,7 +119,7 @@ def emit(spec: ModelSpec, topology: Topology, strategy: StrategySource, device_k
         fusion = fusion(graph, traced(captured_batch)) if callable(fusion) else fusion
         fused = mark_emitted_for_xla(emitted.graph_def, fusion, [emitted.loss_tensor, emitted.train_op, emitted.init_op])
     check_imports(emitted.graph_def)
-    values = _initial_values(traces[batch], keras_objects)
+    values = _initial_values(traces[batch], model.keras_objects)
     notes = list(placed.notes)
     if builder.seed is None and any(p.kind == "split" for p in placed.placements):
         raise TagInputError("model", f"{spec.name}: cannot find the gradient seed of the step; split placements "
