@@ -58,6 +58,7 @@ def test_dropping_a_topology_file_produces_a_plan(tmp_path):
         "TAG_TOPOLOGY_DIR": str(watched),
         "TAG_MODELS_FILE": str(registry),
         "TAG_TOPOLOGY_SETTLE_S": "1",
+        "TAG_ENV": "ci",  # the code location's throwaway resources: this TAG_HOME, a short profile
     }
     server = start_dagster_dev(env, tmp_path / "dagster.log")
     try:

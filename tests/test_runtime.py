@@ -117,23 +117,19 @@ def test_a_collective_missing_a_peer_fails_with_its_name(tmp_path):
             size = nodes[node.input[1]]
             size.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.array(5, dtype=np.int32)))
     out = write_emission(emission, tmp_path / "emitted")
-    start = time.monotonic()
-    result = run_emitted(out, steps=1, timeout=8)
+    result = run_emitted(out, steps=1, timeout=8)  # the pytest timeout catches a run that would not end
     assert not result.ok
-    assert time.monotonic() - start < 8 + 60
     assert "step 0 failed" in result.error
     assert "waiting: collective tag/allreduce_" in result.error
     assert "/job:worker/task:" in result.error and "group 1 of 4 devices" in result.error
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120)  # the child sleeps an hour: only the deadline can end this test in time
 def test_a_hung_worker_is_stopped_at_the_deadline():
     meta = {"collectives": [{"node": "tag/allreduce_1/7", "device": "/job:worker/task:1/device:CPU:0",
                              "group": ["/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"]}]}
-    start = time.monotonic()
-    result = _supervise([sys.executable, "-c", "import time; time.sleep(120)"], meta, time.monotonic() + 1.5, 1.5,
+    result = _supervise([sys.executable, "-c", "import time; time.sleep(3600)"], meta, time.monotonic() + 1.5, 1.5,
                         lambda line: None)
-    assert time.monotonic() - start < 30
     assert not result.ok
     assert "did not finish within the 1.5 s timeout" in result.error
     assert "tag/allreduce_1/7 on /job:worker/task:1/device:CPU:0" in result.error
