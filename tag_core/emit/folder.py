@@ -156,7 +156,7 @@ def plan_json(emission: Emission, reference_meta: str, exact_values: bool,
 
 
 def rewrites_off(emission: Emission) -> list[str]:
-    """Grappler rewrites the session must turn off when the step has compiled regions (`fusion_regions.REWRITES_OFF`)."""
+    """Grappler rewrites the session must turn off when the step has compiled regions (`regions.REWRITES_OFF`)."""
     from tag_core.fusion.regions import REWRITES_OFF
 
     return list(REWRITES_OFF) if (emission.fusion or {}).get("regions") else []

@@ -77,7 +77,7 @@ class FusionPlan:
     saved_s: float  # estimated time saved per step on the reference GPU
     reference_gpu: str
     measured: dict = field(default_factory=dict)
-    # Ops XLA compiles as one program each, compute ops as library calls (fusion_regions.py); patterns inside a
+    # Ops XLA compiles as one program each, compute ops as library calls (regions.py); patterns inside a
     # region are then fused by XLA within it. Only tuning proposes regions.
     regions: list[list[str]] = field(default_factory=list)
 

@@ -1,6 +1,6 @@
 """Compiled regions: which ops of a fusion plan XLA compiles as one program.
 
-A fusion pattern (`fusion.py`) is what fuses into one kernel, and only memory-intensive ops ever do. A region
+A fusion pattern (`patterns.py`) is what fuses into one kernel, and only memory-intensive ops ever do. A region
 is what compiles together: connected ops handed to XLA as one program. Compute-intensive ops inside a region
 stay library calls: XLA's CPU backend emits each MatMul or convolution as its own `dot`/`convolution`
 instruction calling its GEMM runtime, never inside a fused loop (test_fusion_regions checks that in the
@@ -8,7 +8,7 @@ optimised HLO). What a region saves is the executor's per-op cost and the buffer
 CPU are a large part of a transformer's step: a 2-layer BERT step measured 0.84 of the plain step as one
 region, against 0.87-0.89 with the tuned patterns as clusters of their own (benchmarks/fusion.json).
 
-Regions are only proposed by tuning (`fusion_tune.tune_plan`), which times every compute op alone as a TF
+Regions are only proposed by tuning (`tune.tune_plan`), which times every compute op alone as a TF
 kernel and as an XLA library call: an op XLA runs more than `LIBRARY_SLOWDOWN` times slower (a depthwise
 convolution on this CPU: 27 times) stays outside, and so does one that could not be timed. The step check
 then keeps the regions only if the whole step is fastest with them.

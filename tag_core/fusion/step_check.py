@@ -6,7 +6,7 @@ the whole step with the kept patterns against the plain step, alternating in
 one process (a step of each in turn, in shuffled order, for at least
 `STEP_CHECK_S` of steps), and also with only the half and the quarter of
 them that saved most, and with the compiled regions tuning proposed
-(`fusion_regions.py`). Each variant has the process to itself beside the plain
+(`regions.py`). Each variant has the process to itself beside the plain
 step, its session closed before the next one opens: with the pattern
 variants' sessions open beside it, a region's step on the transformer measured
 0.90-0.98 of the plain step, against 0.82-0.84 alone. The regions go first.

@@ -38,7 +38,7 @@ def tune_plan(plan: FusionPlan, graph_def, roots: list[str], runs: int = TUNE_RU
     and timed alone (an unknown shape, or its micro-graph fails to run) is dropped: unfused is never slower.
 
     With `regions`, each compute op is also timed alone, as a TF kernel and as an XLA library call, and the
-    plan proposes compiled regions (`fusion_regions.compiled_regions`) of everything else the step runs for
+    plan proposes compiled regions (`regions.compiled_regions`) of everything else the step runs for
     `roots` (the names it fetches); `check_step` decides whether they stay."""
     import tensorflow as tf
     from tqdm import tqdm

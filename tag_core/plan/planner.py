@@ -13,12 +13,12 @@ Steps:
    groups default to the first plan that fits of model-parallel on every machine, then
    each mask of the space replicated or model-parallel. If none fits, the model fits no
    device set: TagInputError with the memory needed against the cluster's.
-4. MCTS (mcts.py) from the all-machines default (and a warm-start plan when given). With a
+4. MCTS (search/mcts.py) from the all-machines default (and a warm-start plan when given). With a
    prior, the best uniform plan (one action for every group) is an incumbent too: a confident
    prior narrows the root and can pass over the uniform plan that wins (PS everywhere, one
    machine), which uniform priors try in their first sweep; one simulation per action.
-5. MCMC (mcmc.py) with as many simulations as MCTS used, from the same default.
-6. Sufficient Factor Broadcasting (sfb.py): a MILP per synchronised gradient, kept where the
+5. MCMC (search/mcmc.py) with as many simulations as MCTS used, from the same default.
+6. Sufficient Factor Broadcasting (sfb/milp.py): a MILP per synchronised gradient, kept where the
    simulated step gets faster, on MCTS's plan and on the replicate-everything default under
    each of the eight settings of step 3 (DP-NCCL and Horovod among them); the fastest is the
    plan (`sfb=False` skips this step).

@@ -221,7 +221,7 @@ def relative_difference(value: np.ndarray, reference: np.ndarray) -> float:
 
 def compare(distributed, reference: Reference, batch, loss: float, options, meta: dict) -> dict:
     """Run the reference step, compare the loss and every copy of every variable of `distributed` (a
-    runtime_worker.Distributed that has just run the step), then restart every copy from the reference."""
+    worker.Distributed that has just run the step), then restart every copy from the reference."""
     start = time.perf_counter()
     ref_loss = reference.step(batch)
     ref_seconds = time.perf_counter() - start
