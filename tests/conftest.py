@@ -24,6 +24,9 @@ os.environ["TAG_MODELS_FILE"] = str(SESSION_HOME / "models.yaml")
 (SESSION_HOME / "dagster_home").mkdir()
 
 
+_CHECKOUT = pytest.StashKey[set]()  # what `git status` listed when the session started
+
+
 def _untracked_and_changed() -> set[str] | None:
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
@@ -49,9 +52,6 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-_CHECKOUT = pytest.StashKey[set]()
-
-
 # Modules whose one test takes minutes: they start first so that, across xdist workers, the rest runs beside them.
 STARTS_FIRST = ("test_end_to_end.py",)
 
@@ -64,8 +64,12 @@ def pytest_collection_modifyitems(session, config, items):
         module = item.nodeid.split("::")[0]
         order.setdefault(module, index)
         slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
-    first = lambda module: not module.endswith(STARTS_FIRST)  # noqa: E731
-    items.sort(key=lambda item: (first(m := item.nodeid.split("::")[0]), -slow[m], order[m]))
+
+    def rank(item) -> tuple:
+        module = item.nodeid.split("::")[0]
+        return not module.endswith(STARTS_FIRST), -slow[module], order[module]
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(autouse=True)
