@@ -14,6 +14,17 @@ from .graphs import (
     save_op_graph,
     save_op_groups,
 )
+from .measurements import (
+    CALIBRATION_COLUMNS,
+    MEASURED_STEP_COLUMNS,
+    SAMPLE_COLUMNS,
+    calibration_samples,
+    latest_calibration,
+    load_calibration,
+    load_measured_steps,
+    save_calibration,
+    save_measured_step,
+)
 from .plans import (
     PLAN_COLUMNS,
     SFB_COLUMNS,
@@ -36,6 +47,8 @@ from .profiles import PROFILE_COLUMNS, load_profiles, profile_set_hash, profile_
 from .schema import SCHEMA, SCHEMA_VERSION
 
 __all__ = [
+    "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
+    "load_calibration", "load_measured_steps", "save_calibration", "save_measured_step",
     "CONNECT_CONFIG", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
     "captured_model", "connect", "current_plans", "default_database", "ensure_schema", "latest_plan",
     "latest_topology_snapshot", "list_captured_models", "load_fusion_plan", "load_op_groups", "load_plans",

@@ -45,6 +45,18 @@ SCHEMA = [
         sync_saved_s DOUBLE, extra_compute_s DOUBLE, gather_s DOUBLE, PRIMARY KEY (model, topology, variable))""",
     """CREATE TABLE IF NOT EXISTS topology_retirements (
         topology TEXT PRIMARY KEY, content_hash TEXT, retired_at TIMESTAMP DEFAULT current_timestamp)""",
+    # Calibrations of a topology snapshot's runtime: fitted terms (JSON) and the samples they were fitted to.
+    """CREATE TABLE IF NOT EXISTS calibrations (
+        calibration_hash TEXT PRIMARY KEY, topology TEXT NOT NULL, topology_hash TEXT NOT NULL, source TEXT,
+        host TEXT, code_version TEXT, terms JSON NOT NULL, created_at TIMESTAMP DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS calibration_samples (
+        calibration_hash TEXT NOT NULL, kind TEXT NOT NULL, link TEXT, group_size INTEGER, bytes BIGINT,
+        run INTEGER NOT NULL, seconds DOUBLE NOT NULL)""",
+    # Steps of an emitted graph timed on a real runtime, beside what the simulator predicted for them.
+    """CREATE TABLE IF NOT EXISTS measured_steps (
+        model TEXT NOT NULL, topology TEXT NOT NULL, strategy TEXT NOT NULL, plan_id TEXT, graph_hash TEXT,
+        topology_hash TEXT, calibration_hash TEXT, batch_size INTEGER, steps INTEGER NOT NULL, predicted_s DOUBLE,
+        measured_s DOUBLE NOT NULL, spread_s DOUBLE, host TEXT, measured_at TIMESTAMP DEFAULT current_timestamp)""",
     # Which snapshot, profile set, groups and checkpoint made each plan, and whether each is still current.
     """CREATE OR REPLACE VIEW plan_lineage AS
         SELECT p.plan_id, p.model, p.topology, p.created_at, p.source, p.tag_time_s, p.speedup_vs_dp_nccl,
