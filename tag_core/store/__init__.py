@@ -20,6 +20,7 @@ from .measurements import (
     SAMPLE_COLUMNS,
     calibration_samples,
     latest_calibration,
+    list_calibrations,
     load_calibration,
     load_measured_steps,
     save_calibration,
@@ -48,7 +49,7 @@ from .schema import SCHEMA, SCHEMA_VERSION
 
 __all__ = [
     "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
-    "load_calibration", "load_measured_steps", "save_calibration", "save_measured_step",
+    "list_calibrations", "load_calibration", "load_measured_steps", "save_calibration", "save_measured_step",
     "CONNECT_CONFIG", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
     "captured_model", "connect", "current_plans", "default_database", "ensure_schema", "latest_plan",
     "latest_topology_snapshot", "list_captured_models", "load_fusion_plan", "load_op_groups", "load_plans",

@@ -33,11 +33,21 @@ def save_calibration(conn, record: dict, samples: pd.DataFrame) -> None:
         conn.unregister("new_samples")
 
 
-def latest_calibration(conn, topology: str) -> dict | None:
-    """The newest calibration recorded for `topology` (CALIBRATION_COLUMNS, `terms` decoded), or None."""
-    row = conn.execute(f"SELECT {', '.join(CALIBRATION_COLUMNS)} FROM calibrations WHERE topology = ? "
-                       "ORDER BY created_at DESC, calibration_hash LIMIT 1", [topology]).fetchone()
+def latest_calibration(conn, topology: str | None) -> dict | None:
+    """The newest calibration recorded for `topology` (of any topology when None; CALIBRATION_COLUMNS,
+    `terms` decoded), or None."""
+    where, params = ("WHERE topology = ? ", [topology]) if topology is not None else ("", [])
+    row = conn.execute(f"SELECT {', '.join(CALIBRATION_COLUMNS)} FROM calibrations {where}"
+                       "ORDER BY created_at DESC, calibration_hash LIMIT 1", params).fetchone()
     return None if row is None else _calibration(row)
+
+
+def list_calibrations(conn) -> pd.DataFrame:
+    """Every calibration (CALIBRATION_COLUMNS but terms, and its number of samples), newest first."""
+    columns = ", ".join(f"c.{c}" for c in CALIBRATION_COLUMNS if c != "terms")
+    return conn.execute(f"SELECT {columns}, count(s.calibration_hash) AS samples FROM calibrations c "
+                        "LEFT JOIN calibration_samples s ON s.calibration_hash = c.calibration_hash "
+                        f"GROUP BY {columns} ORDER BY c.created_at DESC, c.calibration_hash").df()
 
 
 def load_calibration(conn, calibration_hash: str) -> dict | None:
