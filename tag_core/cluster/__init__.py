@@ -1,8 +1,11 @@
 """The cluster: machines of identical GPUs and the links between them.
 
-In: a topology snapshot (JSON: machines, GPU types by catalog name or inline, bandwidths), or a seed.
+In: a topology snapshot (JSON: machines, GPU types by catalog name or inline, bandwidths), or a seed;
+samples measured on a runtime, or a calibration file.
 Out: a validated `Topology` (devices in machine-major order, bandwidth matrices, a content hash);
-the GPU catalog (`GpuType`: peak FLOP/s, memory, memory bandwidth); snapshots found in a folder.
+the GPU catalog (`GpuType`: peak FLOP/s, memory, memory bandwidth); snapshots found in a folder;
+a `Calibration` (`calibration.py`: latency + bandwidth fits per link class and collective, fixed
+overheads, its samples; as JSON in `calibration_json.py`).
 """
 
 from .gpu_catalog import CATALOG, GpuType, lookup_gpu, normalise_device_name
