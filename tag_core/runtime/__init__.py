@@ -1,8 +1,12 @@
-"""Running an emitted graph on TF's distributed runtime, and checking it against one device.
+"""Running an emitted graph on TF's distributed runtime, checking it against one device, and measuring
+the runtime itself.
 
-In: an emission folder (`tag_core.emit`), a number of steps, optionally a real cluster's spec.
+In: an emission folder (`tag_core.emit`), a number of steps, optionally a real cluster's spec; for
+calibration, a number of local tasks or a real cluster's spec and topology.
 Out: a `RunResult`: step times and, with `check`, the loss and every variable compared with the
 single-device step. The servers run in a child process (`worker`) that ends with the run.
+`local_cluster` starts pinned single-core TF servers in processes of their own; `calibrate` measures
+a cluster's transfers, collectives and fixed costs into a `tag_core.cluster.calibration.Calibration`.
 """
 
 from .supervisor import RunResult, describe, run_emitted

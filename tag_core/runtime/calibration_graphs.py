@@ -1,0 +1,201 @@
+"""The graph `tag calibrate` runs: one small step per measured series, all in one tf.Graph.
+
+Each series is a target step and a base step that touches the same devices without the payload;
+a sample is (target time - base median) / the payloads the target chains one after another. Chaining
+(a tensor hopping a -> b -> a ..., collectives feeding the next) makes small payloads stand out of
+the step's launch noise, and each payload waits for the one before, as transfers inside a step do.
+What is chained is what the emitter emits (tag_core.emit):
+
+    p2p, sendrecv  an Identity on the other device of the pair: one send/recv per hop
+    allreduce      CollectiveReduceV2 (a sum) on every member of the group
+    ps             the variable's device sends it to the other members (pull), each sends its copy back
+                   (push) and the first sums them with AddN
+    broadcast      the first member's tensor read on every other member (a "duplicate" input)
+    op             a chain of scalar Adds on one device (the executor's per-op cost)
+    step           one tiny op per task, raw step times (no base)
+
+Payloads are float32 variables (bytes / 4 elements), zeros, read with ReadVariableOp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CHAIN_BYTES = 32 * 2**20  # payloads up to this many bytes in all are chained in one step
+MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around them
+
+
+@dataclass
+class Series:
+    kind: str
+    link: str | None
+    group_size: int | None
+    bytes: int | None
+    target: Any  # the op session.run runs
+    base: Any | None  # the same devices without the payload; None: samples are raw step times
+    per_step: int  # payloads chained in one run of target
+    devices: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        size = f" {format_bytes(self.bytes)}" if self.bytes else ""
+        group = f" x{self.group_size}" if self.kind in ("allreduce", "ps", "broadcast", "step") else ""
+        return f"{self.kind}{' ' + self.link if self.link else ''}{group}{size}"
+
+
+def format_bytes(nbytes: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def chain_length(nbytes: int) -> int:
+    return max(1, min(MAX_CHAIN, CHAIN_BYTES // nbytes))
+
+
+class CalibrationGraph:
+    """Builds the series into one graph; `init` sets every variable."""
+
+    def __init__(self, collective_timeout_s: float):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.graph = tf.Graph()
+        self.timeout_s = float(collective_timeout_s)
+        self.variables: dict[tuple[str, int], Any] = {}
+        self.group_keys: dict[tuple[str, ...], int] = {}
+        self.instances = 0
+        self.series: list[Series] = []
+        self._init = None
+
+    @property
+    def init(self):
+        if self._init is None:
+            with self.graph.as_default():
+                self._init = self.tf.group(*[v.initializer for v in self.variables.values()], name="calibration_init")
+        return self._init
+
+    def _read(self, device: str, nbytes: int):
+        """A read of a zero float32 variable of `nbytes` on `device` (one variable per device and size)."""
+        tf = self.tf
+        key = (device, nbytes)
+        if key not in self.variables:
+            with tf.device(device):
+                self.variables[key] = tf.Variable(tf.zeros([nbytes // 4], tf.float32), trainable=False,
+                                                  name=f"payload_{len(self.variables)}")
+        with tf.device(device):
+            return tf.raw_ops.ReadVariableOp(resource=self.variables[key].handle, dtype=tf.float32)
+
+    def _done(self, tensors: list, devices: tuple[str, ...]):
+        """One op on the first device that waits for `tensors` (nothing is fetched back to the client)."""
+        with self.tf.device(devices[0]):
+            return self.tf.group(*tensors)
+
+    def _base(self, devices: tuple[str, ...]):
+        tf = self.tf
+        ticks = []
+        for device in devices:
+            read = self._read(device, 4)
+            with tf.device(device):
+                ticks.append(tf.raw_ops.AddV2(x=read, y=read))
+        return self._done(ticks, devices)
+
+    def _add(self, kind: str, link: str | None, devices: tuple[str, ...], nbytes: int | None, final: list,
+             per_step: int, base: bool = True) -> None:
+        with self.graph.as_default():
+            target = self._done(final, devices)
+            self.series.append(Series(kind, link, len(devices) if kind != "op" else None, nbytes, target,
+                                      self._base(devices) if base else None, per_step, devices))
+
+    # ---- the series -------------------------------------------------------------
+
+    def p2p(self, a: str, b: str, link: str, nbytes: int, hops: int | None = None, kind: str = "p2p") -> None:
+        tf = self.tf
+        hops = hops or chain_length(nbytes)
+        with self.graph.as_default():
+            x = self._read(a, nbytes)
+            for hop in range(hops):
+                with tf.device(b if hop % 2 == 0 else a):
+                    x = tf.raw_ops.Identity(input=x)
+        self._add(kind, link, (a, b), nbytes, [x], hops)
+
+    def allreduce(self, devices: tuple[str, ...], link: str, nbytes: int) -> None:
+        tf = self.tf
+        chain = chain_length(nbytes)
+        group_key = self.group_keys.setdefault(devices, len(self.group_keys) + 1)
+        with self.graph.as_default():
+            values = [self._read(d, nbytes) for d in devices]
+            for _ in range(chain):
+                self.instances += 1
+                reduced = []
+                for value, device in zip(values, devices):
+                    with tf.device(device):
+                        reduced.append(tf.raw_ops.CollectiveReduceV2(
+                            input=value, group_size=len(devices), group_key=group_key, instance_key=self.instances,
+                            ordering_token=[], merge_op="Add", final_op="Id", communication_hint="auto",
+                            timeout_seconds=self.timeout_s))
+                values = reduced
+        self._add("allreduce", link, devices, nbytes, values, chain)
+
+    def ps(self, devices: tuple[str, ...], link: str, nbytes: int) -> None:
+        tf = self.tf
+        chain = chain_length(nbytes)
+        server, workers = devices[0], devices[1:]
+        with self.graph.as_default():
+            x = self._read(server, nbytes)
+            for _ in range(chain):
+                pulled = []
+                for device in workers:
+                    with tf.device(device):
+                        pulled.append(tf.raw_ops.Identity(input=x))
+                with tf.device(server):
+                    x = tf.raw_ops.AddN(inputs=[x, *pulled])
+        self._add("ps", link, devices, nbytes, [x], chain)
+
+    def broadcast(self, devices: tuple[str, ...], link: str, nbytes: int) -> None:
+        tf = self.tf
+        chain = chain_length(nbytes)
+        source, receivers = devices[0], devices[1:]
+        with self.graph.as_default():
+            x = self._read(source, nbytes)
+            for _ in range(chain):
+                copies = []
+                for device in receivers:
+                    with tf.device(device):
+                        copies.append(tf.raw_ops.Identity(input=x))
+                with tf.device(source), tf.control_dependencies(copies):
+                    x = tf.raw_ops.Identity(input=x)  # the next broadcast starts when every copy has arrived
+        self._add("broadcast", link, devices, nbytes, [x], chain)
+
+    def op_chain(self, device: str, length: int) -> None:
+        tf = self.tf
+        with self.graph.as_default():
+            x = self._read(device, 4)
+            for _ in range(length):
+                with tf.device(device):
+                    x = tf.raw_ops.AddV2(x=x, y=x)  # no constants: each op of the chain is one dispatch
+        self._add("op", None, (device,), None, [x], length)
+
+    def step(self, devices: tuple[str, ...]) -> None:
+        with self.graph.as_default():
+            target = self._base(devices)
+        self.series.append(Series("step", None, len(devices), None, target, None, 1, devices))
+
+
+def session_config(timeout_s: float):
+    """The client session's config: the collective leader, and no graph rewrites, so that each step runs
+    the ops it was built with (grappler and the classic optimizer would fold the op chain and drop
+    the Identity hops)."""
+    import tensorflow as tf
+
+    from .local_cluster import server_config
+
+    config = server_config(threads=None)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    config.graph_options.optimizer_options.do_constant_folding = False
+    config.graph_options.optimizer_options.do_common_subexpression_elimination = False
+    config.operation_timeout_in_ms = int(timeout_s * 1000)
+    return config
