@@ -304,3 +304,58 @@ def test_variables_an_op_takes_together_share_a_ps_class():
              Op("c", "While", 0, 0, variable="v3", other_variables=("v1",))]  # joins the first two
     classes = _ps_classes(OpGraph("m", 1, loops, [], variables), {v.name: i for i, v in enumerate(variables)})
     assert len(set(classes[:4])) == 1 and classes[4] not in classes[:4]
+
+
+# ---- calibrated communication --------------------------------------------------------------
+
+
+def _calibration(topo, collectives=None, per_step_s=0.0):
+    from tag_core.cluster.calibration import Calibration, Fit, Overheads
+
+    def fit(latency_s, gbps):
+        return Fit(latency_s=latency_s, gbps=gbps, residual_rms_s=0.0, residual_max_rel=0.0, samples=6)
+
+    return Calibration(topology=topo.name, topology_hash=topo.content_hash(), source="local", host="here",
+                       code_version="test", links={"inter": fit(9e-4, 7.8), "intra": fit(2e-5, 80.0)},
+                       collectives={kind: {link: {n: fit(*terms) for n, terms in sizes.items()}
+                                           for link, sizes in by_link.items()}
+                                    for kind, by_link in (collectives or {}).items()},
+                       overheads=Overheads(per_op_s=1e-5, per_step_s=per_step_s, per_transfer_s=1e-3))
+
+
+def test_a_calibration_sets_latency_and_bandwidth_per_link_class():
+    from tag_core.simulate import CommModel
+
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
+    comm = CommModel.from_calibration(_calibration(topo, per_step_s=2e-3))
+    strategy = _dp(g, topo, overlap=False)
+    plain = Simulator(g, topo, profiles(g, V100)).run(strategy)
+    calibrated = Simulator(g, topo, profiles(g, V100), comm=comm).run(strategy)
+    # One device per machine: the ring runs across machines with the measured latency and bandwidth, and the
+    # measured cost of launching a step comes on top.
+    ring = ring_allreduce_time(W_BYTES, 2, 7.8, 9e-4)
+    assert calibrated.comm_s["allreduce"] == pytest.approx(ring)
+    assert calibrated.iteration_time_s - plain.iteration_time_s == pytest.approx(
+        ring - ring_allreduce_time(W_BYTES, 2, 25.0) + 2e-3)
+    # Transfers: a model-parallel chain moves its activation across the measured inter link.
+    chain = Strategy.uniform(len(g.ops), topo.num_machines, topo.num_devices, "model_parallel")
+    moved = Simulator(g, topo, profiles(g, V100), comm=comm).run(chain).comm_s["p2p"]
+    unmeasured = Simulator(g, topo, profiles(g, V100)).run(chain).comm_s["p2p"]
+    transfers = round(unmeasured / transfer_time(4 * BATCH * 256, 25.0))
+    assert transfers >= 1 and moved == pytest.approx(transfers * transfer_time(4 * BATCH * 256, 7.8, 9e-4))
+
+
+def test_a_measured_collective_is_used_as_it_is():
+    from tag_core.simulate import CommModel
+
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
+    comm = CommModel.from_calibration(_calibration(topo, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
+    result = Simulator(g, topo, profiles(g, V100), comm=comm).run(_dp(g, topo, overlap=False))
+    assert result.comm_s["allreduce"] == pytest.approx(3e-3 + W_BYTES / bytes_per_s(2.0))
+    # A group size it did not measure keeps the ring formula, with the measured latency.
+    three = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), ("c", V100, 1, 100.0), inter_gbps=25.0)
+    comm3 = CommModel.from_calibration(_calibration(three, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
+    result3 = Simulator(g, three, profiles(g, V100), comm=comm3).run(_dp(g, three, overlap=False))
+    assert result3.comm_s["allreduce"] == pytest.approx(ring_allreduce_time(W_BYTES, 3, 7.8, 9e-4))

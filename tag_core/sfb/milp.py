@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tag_core.simulate.cost import hierarchical_allgather_time, hierarchical_allreduce_time, transfer_time
+from tag_core.simulate.cost import transfer_time
 from tag_core.simulate.expand import SINGLE, SPLIT, _allreduce_shape, place
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import Strategy
@@ -210,7 +210,7 @@ class _Costs:
         if ps >= 0:
             return self._to_ps(devs, shares * nbytes, ps)
         counts, intra, inter, _ = self.shape(group)
-        return float(hierarchical_allgather_time(nbytes, shares, counts, intra, inter))
+        return float(self.sim.comm.allgather(nbytes, shares, counts, intra, inter))
 
     def sync(self, nbytes: float, group: int, ps: int) -> float:
         """What the gradient's sync costs now: its AllReduce, or every replica's push to the PS."""
@@ -218,7 +218,7 @@ class _Costs:
         if ps >= 0:
             return self._to_ps(devs, np.full(len(devs), nbytes), ps)
         counts, intra, inter, _ = self.shape(group)
-        return float(hierarchical_allreduce_time(nbytes, counts, intra, inter))
+        return float(self.sim.comm.allreduce(nbytes, counts, intra, inter))
 
     def shape(self, group: int) -> tuple:
         if group not in self._shape:
@@ -231,7 +231,8 @@ class _Costs:
         for d, b in zip(devs.tolist(), nbytes.tolist()):
             if d != ps:
                 ch = int(self.sim.dev_channel[d, ps])
-                per_channel[ch] = per_channel.get(ch, 0.0) + transfer_time(b, float(self.sim.dev_bw[d, ps]))
+                per_channel[ch] = per_channel.get(ch, 0.0) + transfer_time(b, float(self.sim.dev_bw[d, ps]),
+                                                                           float(self.sim.channel_latency[ch]))
         return max(per_channel.values(), default=0.0)
 
 

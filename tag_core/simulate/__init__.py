@@ -7,6 +7,7 @@ Out: a `SimResult`: iteration time, per-device memory and out-of-memory flags, b
 communication totals, and a timeline (PNG/SVG/PDF/JSON via `save_timeline`).
 """
 
+from .comm import CommModel
 from .cost import ComputeModel
 from .result import SimResult, Timeline
 from .simulator import Simulator, simulate
@@ -14,6 +15,6 @@ from .strategy import OPTIONS, Strategy
 from .timeline import check_timeline_path, save_timeline, timeline_formats
 
 __all__ = [
-    "ComputeModel", "OPTIONS", "SimResult", "Simulator", "Strategy", "Timeline", "check_timeline_path",
-    "save_timeline", "simulate", "timeline_formats",
+    "CommModel", "ComputeModel", "OPTIONS", "SimResult", "Simulator", "Strategy", "Timeline",
+    "check_timeline_path", "save_timeline", "simulate", "timeline_formats",
 ]

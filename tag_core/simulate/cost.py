@@ -51,19 +51,20 @@ def bytes_per_s(gbps: float) -> float:
 # ---- communication ---------------------------------------------------------
 
 
-def transfer_time(nbytes: float, gbps: float) -> float:
+def transfer_time(nbytes: float, gbps: float, latency: float = LATENCY_S) -> float:
     """Point-to-point: latency + bytes over the bottleneck link."""
-    return LATENCY_S + nbytes / bytes_per_s(gbps)
+    return latency + nbytes / bytes_per_s(gbps)
 
 
-def ring_allreduce_time(nbytes: float, n: int, gbps: float) -> float:
+def ring_allreduce_time(nbytes: float, n: int, gbps: float, latency: float = LATENCY_S) -> float:
     """Ring AllReduce over n devices: 2(n-1)/n * bytes / slowest link, plus 2(n-1) latency steps."""
     if n <= 1:
         return 0.0 * nbytes
-    return 2.0 * (n - 1) / n * nbytes / bytes_per_s(gbps) + 2 * (n - 1) * LATENCY_S
+    return 2.0 * (n - 1) / n * nbytes / bytes_per_s(gbps) + 2 * (n - 1) * latency
 
 
-def hierarchical_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list[float], inter_gbps: float):
+def hierarchical_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list[float], inter_gbps: float,
+                                intra_latency: float = LATENCY_S, inter_latency: float = LATENCY_S):
     """Reduce-scatter inside each machine, ring AllReduce across machines, all-gather inside.
 
     Machines work in parallel, so the slowest machine sets each intra phase. With one
@@ -74,30 +75,30 @@ def hierarchical_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list
     if not machines:
         return 0.0 * nbytes
     if len(machines) == 1:
-        return ring_allreduce_time(nbytes, machines[0][0], machines[0][1])
+        return ring_allreduce_time(nbytes, machines[0][0], machines[0][1], intra_latency)
     intra = 0.0 * nbytes
     for k, bw in machines:
         if k > 1:
-            intra = np.maximum(intra, (k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * LATENCY_S)
-    return 2.0 * intra + ring_allreduce_time(nbytes, len(machines), inter_gbps)
+            intra = np.maximum(intra, (k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * intra_latency)
+    return 2.0 * intra + ring_allreduce_time(nbytes, len(machines), inter_gbps, inter_latency)
 
 
-def broadcast_time(nbytes: float, n: int, gbps: float) -> float:
+def broadcast_time(nbytes: float, n: int, gbps: float, latency: float = LATENCY_S) -> float:
     """Pipelined chain broadcast from one device to n-1 others: bytes / slowest link + (n-1) latencies."""
     if n <= 1:
         return 0.0
-    return nbytes / bytes_per_s(gbps) + (n - 1) * LATENCY_S
+    return nbytes / bytes_per_s(gbps) + (n - 1) * latency
 
 
-def allgather_time(total_bytes: float, n: int, gbps: float) -> float:
+def allgather_time(total_bytes: float, n: int, gbps: float, latency: float = LATENCY_S) -> float:
     """Ring all-gather of a tensor split over n devices: (n-1)/n * total / slowest link + (n-1) latencies."""
     if n <= 1:
         return 0.0
-    return (n - 1) / n * total_bytes / bytes_per_s(gbps) + (n - 1) * LATENCY_S
+    return (n - 1) / n * total_bytes / bytes_per_s(gbps) + (n - 1) * latency
 
 
 def hierarchical_allgather_time(total_bytes, shares: list[float], per_machine: list[int], intra_gbps: list[float],
-                                inter_gbps: float):
+                                inter_gbps: float, intra_latency: float = LATENCY_S, inter_latency: float = LATENCY_S):
     """All-gather of a tensor whose rows are split over devices in `shares` (fractions, one per device,
     listed machine by machine as `per_machine` counts them).
 
@@ -110,14 +111,16 @@ def hierarchical_allgather_time(total_bytes, shares: list[float], per_machine: l
     pieces = [(shares[a:b], bw) for a, b, bw in zip(bounds[:-1], bounds[1:], intra_gbps) if b > a]
     if len(pieces) == 1:
         local, bw = pieces[0]
-        return allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw)
+        return allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw, intra_latency)
     inside = 0.0 * total_bytes
     spread = 0.0 * total_bytes
     for local, bw in pieces:
-        inside = np.maximum(inside, allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw))
-        spread = np.maximum(spread, broadcast_time(total_bytes * (1.0 - float(local.sum())), len(local), bw))
+        inside = np.maximum(inside, allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw,
+                                                   intra_latency))
+        spread = np.maximum(spread, broadcast_time(total_bytes * (1.0 - float(local.sum())), len(local), bw,
+                                                   intra_latency))
     largest = max(float(local.sum()) for local, _ in pieces)
-    across = allgather_time(total_bytes * largest * len(pieces), len(pieces), inter_gbps)
+    across = allgather_time(total_bytes * largest * len(pieces), len(pieces), inter_gbps, inter_latency)
     return inside + across + spread
 
 

@@ -21,7 +21,6 @@ import numpy as np
 
 from tag_core.errors import TagInputError
 
-from .cost import LATENCY_S, broadcast_time, hierarchical_allgather_time, hierarchical_allreduce_time
 from .strategy import Strategy
 
 SPLIT, FULL, SINGLE = 0, 1, 2
@@ -250,10 +249,10 @@ def _edge_collectives(ctx, gathered) -> Collectives:
         order = np.argsort(devs, kind="stable")
         counts, intra, inter, channels = _allreduce_shape(ctx, devs[order])
         if kind == ALLGATHER:
-            duration = hierarchical_allgather_time(nbytes, shares[order], counts, intra, inter)
+            duration = ctx.comm.allgather(nbytes, shares[order], counts, intra, inter)
         else:
             slowest = min([bw for bw, k in zip(intra, counts) if k > 1] + ([inter] if len(counts) > 1 else []))
-            duration = broadcast_time(nbytes, len(devs), slowest) + 0.0 * nbytes
+            duration = ctx.comm.broadcast(nbytes, counts, slowest) + 0.0 * nbytes
         U = len(tensors)
         parts.append(Collectives(np.full(U, kind), nbytes, duration, [channels] * U, [devs] * U, tensors,
                                  np.arange(U), ctx.e_dst[edges], unit_of_edge))
@@ -363,7 +362,7 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
             devs = np.flatnonzero(p.group_active[g])
             per_group[g] = (devs, *_allreduce_shape(ctx, devs))
             mine = unit_group == g
-            durations[mine] = hierarchical_allreduce_time(nbytes[mine], *per_group[g][1:4])
+            durations[mine] = ctx.comm.allreduce(nbytes[mine], *per_group[g][1:4])
         channels.append(per_group[g][4])
         devices.append(per_group[g][0])
     var_unit = np.full(len(gops), -1, dtype=np.int64)
@@ -408,4 +407,4 @@ def concat_transfers(parts: list[Transfers]) -> Transfers:
 
 
 def transfer_durations(ctx, t: Transfers) -> np.ndarray:
-    return LATENCY_S + t.nbytes / ctx.channel_bps[t.channel]
+    return ctx.channel_latency[t.channel] + t.nbytes / ctx.channel_bps[t.channel]

@@ -19,6 +19,7 @@ from tag_core.capture.graph import OpGraph
 from tag_core.cluster.topology import Topology
 from tag_core.disjoint_sets import DisjointSets
 
+from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
 from .expand import (
@@ -43,8 +44,10 @@ class Simulator:
         profiles: pd.DataFrame | None = None,
         batch_size: int | None = None,
         compute: ComputeModel | None = None,
+        comm: CommModel | None = None,
     ):
         self.graph, self.topology = graph, topology
+        self.comm = comm or CommModel()
         self.n = len(graph.ops)
         self.batch = int(batch_size or graph.batch_size)
         self.compute = compute or ComputeModel(graph, profiles)
@@ -74,8 +77,8 @@ class Simulator:
         names = sorted({g.name for g in self.dev_gpu})
         self.dev_gpu_id = np.array([names.index(g.name) for g in self.dev_gpu], dtype=np.int64)
         self.capacity = np.array([g.mem_bytes for g in self.dev_gpu], dtype=np.float64)
-        self.machine_bw = np.asarray(topo.machine_bandwidth_matrix())
-        self.dev_bw = np.asarray(topo.device_bandwidth_matrix())
+        self.machine_bw = self.comm.machine_bandwidth(topo)
+        self.dev_bw = self.machine_bw[np.ix_(self.dev_machine, self.dev_machine)]
         # Channels: one per machine (its interconnect), one per machine pair (their link).
         chan = np.zeros((M, M), dtype=np.int64)
         bps = [bytes_per_s(self.machine_bw[m, m]) for m in range(M)]
@@ -89,6 +92,7 @@ class Simulator:
         self.dev_channel = chan[np.ix_(self.dev_machine, self.dev_machine)]
         self.channel_bps = np.array(bps)
         self.num_channels = len(bps)
+        self.channel_latency = np.where(np.arange(len(bps)) < M, self.comm.intra_latency_s, self.comm.inter_latency_s)
 
     def _variable_facts(self, graph: OpGraph) -> None:
         var_index = {v.name: i for i, v in enumerate(graph.variables)}
@@ -200,7 +204,7 @@ class Simulator:
         peak_d = peak[of]
         device_oom = peak_d > self.capacity
         return SimResult(
-            iteration_time_s=T,
+            iteration_time_s=T + self.comm.per_step_s,  # the runtime's cost of launching the step
             oom=bool(device_oom.any()),
             device_oom=device_oom,
             peak_memory_bytes=peak_d,
