@@ -287,3 +287,65 @@ def test_a_plan_file_is_simulated_at_its_own_batch(planned, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["batch_size"] == plan["batch_size"] == 8  # not the model's default
     assert data["iteration_time_s"] == pytest.approx(plan["tag"]["iteration_time_s"])
+
+
+# ---- calibrated topologies ---------------------------------------------------------------
+
+
+def _calibration_for(topo, inter_latency_s: float = 1e-3, inter_gbps: float = 5.0):
+    from tag_core.cluster.calibration import Calibration, Fit, Overheads
+
+    fit = Fit(latency_s=inter_latency_s, gbps=inter_gbps, residual_rms_s=0.0, residual_max_rel=0.0, samples=8)
+    intra = Fit(latency_s=2e-5, gbps=80.0, residual_rms_s=0.0, residual_max_rel=0.0, samples=8)
+    return Calibration(topology=topo.name, topology_hash=topo.content_hash(), source="import", host="elsewhere",
+                       code_version="test", links={"inter": fit, "intra": intra}, collectives={},
+                       overheads=Overheads(per_op_s=1e-5, per_step_s=1e-3, per_transfer_s=1e-3))
+
+
+def test_a_calibrated_plan_reports_both_predictions_and_its_calibration():
+    from tag_core.simulate import CommModel
+
+    topo = _mixed()
+    calibration = _calibration_for(topo)
+    g, prof, result = _plan(topo, comm=CommModel.from_calibration(calibration))
+    data = result.to_dict()
+    assert data["calibration"]["applied"] and data["calibration"]["hash"] == calibration.calibration_hash
+    assert data["lineage"]["calibration"] == calibration.calibration_hash
+    # The plan's time is the calibrated one; the defaults' time of the same strategy is beside it.
+    assert data["tag"]["iteration_time_s"] == pytest.approx(
+        Simulator(g, topo, prof, comm=CommModel.from_calibration(calibration)).run(result.strategy).iteration_time_s)
+    assert data["calibration"]["uncalibrated_time_s"] == pytest.approx(
+        Simulator(g, topo, prof).run(result.strategy).iteration_time_s)
+    _, _, plain = _plan(topo, uncalibrated_because="none for this test")
+    assert plain.to_dict()["calibration"] == {"applied": False, "why": "none for this test"}
+    assert plain.to_dict()["lineage"]["calibration"] is None
+
+
+def test_tag_plan_applies_the_calibration_of_this_snapshot_only(planned, tmp_path, capsys):
+    from tag_core.cluster import load_topology
+    from tag_core.cluster.calibration import save_to_store
+
+    _, db, topo_file, _, _ = planned
+    copy = tmp_path / "tag.duckdb"
+    copy.write_bytes(db.read_bytes())
+    topo = load_topology(topo_file)
+    calibration = _calibration_for(topo)
+    with store.connect(copy) as conn:
+        save_to_store(conn, calibration)
+    args = ["--db", str(copy), "plan", MODEL, "--topology", str(topo_file), "--budget-iterations", "3", "--groups", "4",
+            "--batch-size", "8", "--no-sfb", "--prior", "uniform"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["calibration"]["hash"] == calibration.calibration_hash and data["calibration"]["uncalibrated_time_s"] > 0
+    with duckdb.connect(str(copy), read_only=True) as conn:
+        assert conn.execute("SELECT calibration_hash FROM plan_lineage ORDER BY created_at DESC LIMIT 1").fetchone() \
+            == (calibration.calibration_hash,)
+    # Another snapshot of the same topology: the calibration is named with both hashes and not applied.
+    changed = json.loads(topo_file.read_text())
+    changed["inter_gbps"] = 20
+    other = tmp_path / "tiny.json"
+    other.write_text(json.dumps(changed))
+    assert main([*args[:5], str(other), *args[6:]]) == 0
+    table = capsys.readouterr().out
+    assert f"calibration: none, calibration {calibration.calibration_hash} of tiny was made for snapshot " \
+           f"{topo.content_hash()}, not this one ({load_topology(other).content_hash()})" in table

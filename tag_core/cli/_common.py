@@ -76,6 +76,22 @@ def captured_with_profiles(args, spec):
     return graph, profiles
 
 
+def communication(args, topology):
+    """(CommModel, why it is uncalibrated or None) for `topology`: see tag_core.simulate.comm.comm_for."""
+    from tag_core.simulate.comm import comm_for
+
+    conn = open_store(args)
+    try:
+        return comm_for(conn, topology)
+    finally:
+        conn.close()
+
+
+def calibration_summary(comm, uncalibrated: str | None) -> dict:
+    return {"applied": True, "hash": comm.calibration_hash} if comm.calibrated else {"applied": False,
+                                                                                       "why": uncalibrated}
+
+
 def print_json(data) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

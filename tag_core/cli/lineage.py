@@ -6,7 +6,7 @@ from ._common import open_store, print_json
 
 TRACKED = [("graph_hash", "graph"), ("profile_hash", "profiles"), ("groups_hash", "groups"),
            ("topology_hash", "topology snapshot"), ("checkpoint_hash", "GNN checkpoint"), ("code_version", "code"),
-           ("seed", "search seed")]
+           ("calibration_hash", "calibration"), ("seed", "search seed")]
 
 
 def register(subparsers) -> None:

@@ -69,6 +69,7 @@ def run(args) -> int:
     from tag_core.plan.warm_start import warm_start_problem
     from tag_core.profile.profiler import profile_model
     from tag_core.search.mcts import Budget
+    from tag_core.simulate.comm import comm_for
 
     topology = load_topology(args.topology)
     if args.out:
@@ -94,6 +95,7 @@ def run(args) -> int:
             profiles = store.load_profiles(conn, spec.name)
         profile_hash = store.profile_set_hash(conn, spec.name)
         fusion = _fusion_plan(conn, spec, graph) if args.fusion else None
+        comm, uncalibrated = comm_for(conn, topology)
     finally:
         conn.close()
     why = warm_start_problem(warm, graph, topology) if warm is not None else None
@@ -105,7 +107,8 @@ def run(args) -> int:
     result = plan(graph, topology, profiles, batch_size=batch, num_groups=args.groups, budget=budget,
                   seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True, prior=prior.prior,
                   lineage={"warm_start_from": args.warm_start if warm is not None else None, **prior.lineage()},
-                  fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit)
+                  fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit, comm=comm,
+                  uncalibrated_because=uncalibrated)
     data = result.to_dict()
     conn = open_store(args)
     try:
@@ -155,6 +158,12 @@ def format_table(data: dict, actions: list[str]) -> str:
     first = search["first_better_than_dp_iteration"]
     lines.append(f"search: {search['iterations']} iterations, {search['simulations']} simulations, "
                  f"{search['wall_s']:.1f} s; better than DP-NCCL from iteration {first if first else 'never'}")
+    calibration = data.get("calibration") or {}
+    if calibration.get("applied"):
+        lines.append(f"calibration: {calibration['hash']} (with the cost model's defaults instead: "
+                     f"{calibration['uncalibrated_time_s'] * 1e3:.2f} ms)")
+    elif calibration:
+        lines.append(f"calibration: none, {calibration['why']}")
     lineage = data.get("lineage", {})
     if lineage.get("prior"):
         lines.append(f"priors: {lineage['prior']}" + (f" (checkpoint {lineage['checkpoint']})" if lineage.get("checkpoint") else ""))

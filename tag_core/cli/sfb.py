@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import captured_with_profiles, check_plan, positive_float, positive_int, print_json
+from ._common import captured_with_profiles, check_plan, communication, positive_float, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -43,7 +43,7 @@ def run(args) -> int:
             raise TagInputError("--strategy", f"unknown baseline {args.strategy!r}; known: {', '.join(BASELINES)} "
                                               f"(give a plan or strategy file with --plan)") from None
     graph, profiles = captured_with_profiles(args, spec)
-    sim = Simulator(graph, topology, profiles, batch_size=args.batch_size)
+    sim = Simulator(graph, topology, profiles, batch_size=args.batch_size, comm=communication(args, topology)[0])
     if plan is not None:
         check_plan(plan, strategy, spec.name, topology, f"--plan {args.plan}", len(graph.ops))
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import captured_with_profiles, check_plan, positive_int, print_json
+from ._common import calibration_summary, captured_with_profiles, check_plan, communication, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -41,7 +41,8 @@ def run(args) -> int:
         check_strategy_name(args.strategy)
     graph, profiles = captured_with_profiles(args, spec)
     batch = args.batch_size or (plan or {}).get("batch_size")  # a plan is simulated at its own batch by default
-    sim = Simulator(graph, topology, profiles, batch_size=batch)
+    comm_model, uncalibrated = communication(args, topology)
+    sim = Simulator(graph, topology, profiles, batch_size=batch, comm=comm_model)
     if plan is not None:
         check_plan(plan, strategy, spec.name, topology, f"--strategy {args.strategy}", len(graph.ops))
     else:
@@ -55,7 +56,8 @@ def run(args) -> int:
                       title=f"{spec.name} / {label} on {topology.name}, batch {sim.batch}: "
                             f"{result.iteration_time_s * 1e3:.1f} ms per iteration")
     data = {"model": spec.name, "topology": topology.name, "strategy": strategy.name or args.strategy,
-            "batch_size": sim.batch, "profiled_types": sim.compute.profiled_types, **result.to_dict(topology)}
+            "batch_size": sim.batch, "profiled_types": sim.compute.profiled_types,
+            "calibration": calibration_summary(comm_model, uncalibrated), **result.to_dict(topology)}
     if args.json:
         print_json(data)
         return 0
@@ -63,6 +65,8 @@ def run(args) -> int:
     print(f"iteration time  {result.iteration_time_s * 1e3:10.2f} ms" + ("   OUT OF MEMORY" if result.oom else ""))
     comm = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in result.comm_s.items() if v)
     print(f"communication   {comm or 'none'}")
+    calibration = data["calibration"]
+    print(f"calibration     {calibration['hash'] if calibration['applied'] else 'none, ' + calibration['why']}")
     print(f"{'device':<24} {'gpu':<12} {'busy ms':>9} {'idle ms':>9} {'peak GB':>8} {'of GB':>6}")
     for d, dev in enumerate(topology.devices):
         name = f"{topology.machines[dev.machine].name}:{dev.local}"

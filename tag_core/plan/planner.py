@@ -60,6 +60,7 @@ from tag_core.search.mcts import (
     SearchResult,
 )
 from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S, apply_sfb
+from tag_core.simulate.comm import CommModel
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
@@ -71,7 +72,7 @@ BASELINE_NAMES = ("dp-nccl", "dp-nccl-p", "horovod")
 # Source files whose behaviour a plan depends on: their hash is the plan's code version.
 _CODE_FILES = ("plan/planner.py", "search/mcts.py", "search/mcmc.py", "simulate/simulator.py", "simulate/engine.py",
                "simulate/expand.py", "simulate/cost.py", "simulate/strategy.py", "search/grouping.py",
-               "search/baselines.py", "sfb/milp.py")
+               "search/baselines.py", "sfb/milp.py", "simulate/comm.py")
 
 
 def code_version() -> str:
@@ -149,6 +150,7 @@ class Plan:
     start: np.ndarray | None = field(default=None, repr=False)  # the default plan both searches began from
     fusion: dict[str, Any] | None = None  # the fusion plan the costs assumed: patterns, ops_fused, kernels
     sfb: dict[str, Any] | None = None  # SfbResult.to_dict(): the gradients rebuilt from factors, solve times
+    calibration: dict[str, Any] = field(default_factory=dict)  # applied (hash, uncalibrated time) or why not
 
     @property
     def time_s(self) -> float:
@@ -176,6 +178,7 @@ class Plan:
             "lineage": self.lineage,
             **({"fusion": self.fusion} if self.fusion is not None else {}),
             **({"sfb": self.sfb} if self.sfb is not None else {}),
+            "calibration": self.calibration,
         }
 
 
@@ -198,15 +201,19 @@ def plan(
     fusion: FusionPlan | None = None,
     sfb: bool = True,
     sfb_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    comm: CommModel | None = None,
+    uncalibrated_because: str | None = None,
 ) -> Plan:
     """Search a plan for `graph` on `topology`; see the module docstring for the steps.
 
-    With `fusion`, every op time (TAG's and the baselines') is the fused cost.
+    With `fusion`, every op time (TAG's and the baselines') is the fused cost. With a calibrated `comm`,
+    communication costs what the calibration measured, and the plan also reports its time under the
+    defaults; without one, `uncalibrated_because` says why (it goes into the plan JSON).
     """
     budget = budget or Budget(iterations=DEFAULT_ITERATIONS)
     start = time.perf_counter()
     compute = FusedComputeModel(graph, profiles, fusion) if fusion is not None else None
-    sim = Simulator(graph, topology, profiles, batch_size=batch_size, compute=compute)
+    sim = Simulator(graph, topology, profiles, batch_size=batch_size, compute=compute, comm=comm)
     base = {name.replace("-", "_"): result for name, (_, result) in run_baselines(sim, BASELINE_NAMES).items()}
     dp = base["dp_nccl"]
     groups = groups if groups is not None else make_groups(graph, profiles, num_groups)
@@ -243,6 +250,12 @@ def plan(
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
+    if sim.comm.calibrated:
+        defaults = Simulator(graph, topology, profiles, batch_size=batch_size, compute=sim.compute)
+        calibration = {"applied": True, "hash": sim.comm.calibration_hash,
+                       "uncalibrated_time_s": float(defaults.run(strategy).iteration_time_s)}
+    else:
+        calibration = {"applied": False, "why": uncalibrated_because or "none given: the cost model's defaults"}
     times = {k: float(r.iteration_time_s) for k, r in base.items()}
     times["mcmc"] = mcmc.time_s
     oom = {k: bool(r.oom) for k, r in base.items()}
@@ -255,13 +268,13 @@ def plan(
         lineage={"graph_hash": graph.content_hash(), "profile_hash": profile_hash,
                  "groups_hash": groups.content_hash(), "topology_hash": topology.content_hash(),
                  "code_version": code_version(), "seed": seed, "budget": budget.to_dict(),
-                 "checkpoint": None, **(lineage or {})},
+                 "checkpoint": None, "calibration": sim.comm.calibration_hash, **(lineage or {})},
         settings=settings, mcmc=mcmc, actions=[space.describe(int(a)) for a in chosen],
         evaluator=ev, start=np.full(groups.num_groups, default),
         fusion=None if fusion is None else {"patterns": len(fusion.patterns), "ops_fused": fusion.ops_fused,
                                             "kernels_before": fusion.kernels_before,
                                             "kernels_after": fusion.kernels_after},
-        sfb=sfb_report,
+        sfb=sfb_report, calibration=calibration,
     )
 
 

@@ -81,3 +81,25 @@ class CommModel:
         if all(count == 1 for count in per_machine):
             return self.fits.get((kind, "inter", len(per_machine)))
         return None
+
+
+def comm_for(conn, topology: Topology) -> tuple[CommModel, str | None]:
+    """The communication model for this snapshot of `topology`, and why it is uncalibrated (None when a
+    calibration applies): the newest calibration made for this very snapshot. One made for another snapshot
+    of the same name is not applied: both hashes are named."""
+    from tag_core import store
+    from tag_core.cluster.calibration import load_from_store
+
+    calibrations = store.list_calibrations(conn)
+    mine = calibrations[calibrations.topology == topology.name]
+    if mine.empty:
+        return CommModel(), (f"no calibration of {topology.name} in the store (`tag calibrate`): the cost model's "
+                             f"defaults, {LATENCY_S * 1e6:g} µs per transfer and the topology's bandwidths")
+    current = mine[mine.topology_hash == topology.content_hash()]
+    if current.empty:
+        newest = mine.iloc[0]
+        return CommModel(), (f"calibration {newest.calibration_hash} of {topology.name} was made for snapshot "
+                             f"{newest.topology_hash}, not this one ({topology.content_hash()}): not applied; "
+                             "calibrate this snapshot")
+    calibration = load_from_store(conn, calibration_hash=current.iloc[0].calibration_hash)
+    return CommModel.from_calibration(calibration), None

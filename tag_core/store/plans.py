@@ -46,7 +46,7 @@ def retired_topologies(conn) -> set[str]:
 
 PLAN_COLUMNS = ["plan_id", "model", "topology", "source", "tag_time_s", "dp_nccl_time_s", "speedup_vs_dp_nccl", "oom",
                 "graph_hash", "profile_hash", "groups_hash", "topology_hash", "checkpoint_hash", "code_version", "seed",
-                "budget", "warm_start_from", "plan", "created_at"]
+                "budget", "warm_start_from", "calibration_hash", "plan", "created_at"]
 
 
 def save_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | None = None) -> None:
@@ -56,7 +56,8 @@ def save_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | N
               plan["baselines"]["dp_nccl"]["iteration_time_s"], plan.get("speedup_vs_dp_nccl"), plan["oom"],
               lineage.get("graph_hash"), lineage.get("profile_hash"), lineage.get("groups_hash"),
               lineage.get("topology_hash"), lineage.get("checkpoint"), lineage.get("code_version"),
-              lineage.get("seed"), json.dumps(lineage.get("budget")), lineage.get("warm_start_from"), json.dumps(plan)]
+              lineage.get("seed"), json.dumps(lineage.get("budget")), lineage.get("warm_start_from"),
+              lineage.get("calibration"), json.dumps(plan)]
     with transaction(conn):
         conn.execute(f"INSERT INTO plans ({', '.join(PLAN_COLUMNS[:-1])}) VALUES ({', '.join('?' * len(values))})", values)
 

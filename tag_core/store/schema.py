@@ -36,6 +36,8 @@ SCHEMA = [
         graph_hash TEXT, profile_hash TEXT, groups_hash TEXT, topology_hash TEXT, checkpoint_hash TEXT,
         code_version TEXT, seed INTEGER, budget JSON, warm_start_from TEXT, plan JSON NOT NULL,
         created_at TIMESTAMP DEFAULT current_timestamp)""",
+    # Databases made before calibrations existed gain the column (their plans read as uncalibrated).
+    "ALTER TABLE plans ADD COLUMN IF NOT EXISTS calibration_hash TEXT",
     """CREATE TABLE IF NOT EXISTS fusion_plans (
         model TEXT PRIMARY KEY, graph_hash TEXT NOT NULL, patterns INTEGER, ops_fused INTEGER,
         kernels_before INTEGER, kernels_after INTEGER, plan JSON NOT NULL, created_at TIMESTAMP DEFAULT current_timestamp)""",
@@ -64,7 +66,7 @@ SCHEMA = [
                p.profile_hash, p.groups_hash, p.groups_hash = g.groups_hash AS groups_are_current,
                p.topology_hash, s.source_file AS snapshot_file, s.recorded_at AS snapshot_recorded_at,
                r.retired_at AS topology_retired_at, p.checkpoint_hash, p.code_version, p.seed, p.budget,
-               p.warm_start_from
+               p.warm_start_from, p.calibration_hash
         FROM plans p
         LEFT JOIN models m ON m.model = p.model
         LEFT JOIN op_group_sets g ON g.model = p.model
