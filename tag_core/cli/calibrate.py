@@ -93,7 +93,7 @@ def _settings(args):
 
 def run_measure(args) -> int:
     from tag_core.runtime.calibrate import CalibrationError, calibrate_cluster, calibrate_local
-    from tag_core.runtime.local_cluster import pinnable_cores
+    from tag_core.runtime.local_cluster import ServerStartError, pinnable_cores
 
     settings = _settings(args)
     topology, cluster, out = None, None, None
@@ -124,7 +124,7 @@ def run_measure(args) -> int:
     except CalibrationError as exc:
         print(f"tag: error: calibration failed: {exc}", file=sys.stderr)
         return 1
-    except RuntimeError as exc:  # a server that would not start
+    except ServerStartError as exc:
         print(f"tag: error: {exc}", file=sys.stderr)
         return 1
     wall = time.monotonic() - started

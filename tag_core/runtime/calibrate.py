@@ -2,24 +2,29 @@
 
 On a local cluster (`calibrate_local`: N pinned single-core servers on 127.0.0.1, described as N
 one-device machines) or on a real one (`calibrate_cluster`: the servers of a cluster.json, task 0 started
-here). A session on task 0 runs the steps of tag_core.runtime.calibration_graphs in graph mode, as
-`tag run` does: point-to-point transfers per link class at every size, the collectives the emitter
-uses per group size, and the executor's fixed costs. Every step runs under a deadline (RunOptions and
-the collectives' own timeout); a step that outlives it anyway stops the local servers, which ends it.
+here). A child process (tag_core.runtime.calibration_client) runs the steps of
+tag_core.runtime.calibration_graphs in a graph-mode session on task 0, as `tag run` does: point-to-point
+transfers per link class at every size, the collectives the emitter uses per group size, and the
+executor's fixed costs. Every step runs under a deadline (RunOptions and the collectives' own
+timeout); a step that outlives it anyway (gRPC retries a call to a dead server for minutes) ends with
+the child, which this process kills, before the servers are stopped.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-import re
+import json
+import os
+import queue
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from statistics import median
 from typing import Callable
 
 from tag_core import __version__
@@ -27,14 +32,14 @@ from tag_core.cluster.calibration import Calibration, FitRefused, Sample, fit_ca
 from tag_core.cluster.gpu_catalog import lookup_gpu
 from tag_core.cluster.topology import Machine, Topology
 
-from .calibration_graphs import CalibrationGraph, Series, session_config
-from .local_cluster import local_cluster, task_servers
+from .local_cluster import child_env, local_cluster, task_servers
 
 KB, MB = 2**10, 2**20
 DEFAULT_SIZES = (4 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB)
-HANG_GRACE_S = 15.0  # past the step's own deadline before the watchdog stops the servers
+HANG_GRACE_S = 15.0  # past a step's own deadline before its process is killed
+STARTUP_S = 120.0  # the client's TensorFlow import, and every task answering
 _CODE_FILES = ("cluster/calibration.py", "cluster/calibration_json.py", "runtime/calibrate.py",
-               "runtime/calibration_graphs.py", "runtime/local_cluster.py")
+               "runtime/calibration_client.py", "runtime/calibration_graphs.py", "runtime/local_cluster.py")
 
 
 class CalibrationError(RuntimeError):
@@ -44,8 +49,8 @@ class CalibrationError(RuntimeError):
 @dataclass(frozen=True)
 class CalibrationSettings:
     sizes: tuple[int, ...] = DEFAULT_SIZES  # payload bytes (multiples of 4: float32 elements)
-    repeats: int = 5  # timed runs per series, after the warm-up
-    warmup: int = 1  # untimed runs per series (the first also registers the step's graph on every task)
+    repeats: int = 7  # timed runs per series, after the warm-up
+    warmup: int = 2  # untimed runs per series (the first also registers the step's graph on every task)
     group_sizes: tuple[int, ...] | None = None  # collective group sizes (default: 2, powers of two, all)
     chain_ops: int = 1000  # ops in the per-op chain
     transfer_hops: int = 32  # tiny send/recv pairs chained for the per-transfer cost
@@ -60,158 +65,91 @@ def code_version() -> str:
     return f"{__version__}+{digest.hexdigest()[:12]}"
 
 
-def default_group_sizes(members: int) -> list[int]:
-    sizes = {members} | {2**k for k in range(1, members.bit_length()) if 2**k <= members}
-    return sorted(s for s in sizes if s >= 2)
+# ---------------------------------------------------------------- the measuring child
 
 
-# ---------------------------------------------------------------- what to measure
-
-
-def build_series(graph: CalibrationGraph, tasks: list[list[str]], settings: CalibrationSettings) -> None:
-    """Every series for a cluster whose task k has the devices tasks[k]."""
-    inter = [t[0] for t in tasks]
-    intra = next((t for t in tasks if len(t) >= 2), None)
-    pairs = ([("inter", inter[0], inter[1])] if len(inter) >= 2 else []) + \
-            ([("intra", intra[0], intra[1])] if intra else [])
-    groups = [("inter", tuple(inter)), ("intra", tuple(intra))] if intra else [("inter", tuple(inter))]
-    graph.step(tuple(inter[:1]))
-    if len(inter) > 1:
-        graph.step(tuple(inter))
-    graph.op_chain(inter[0], settings.chain_ops)
-    for link, a, b in pairs:
-        graph.p2p(a, b, link, 4, hops=settings.transfer_hops, kind="sendrecv")
-        for nbytes in settings.sizes:
-            graph.p2p(a, b, link, nbytes)
-    for link, members in groups:
-        if len(members) < 2:
-            continue
-        wanted = settings.group_sizes or default_group_sizes(len(members))
-        for size in sorted(s for s in wanted if 2 <= s <= len(members)):
-            for nbytes in settings.sizes:
-                graph.allreduce(members[:size], link, nbytes)
-                graph.ps(members[:size], link, nbytes)
-                graph.broadcast(members[:size], link, nbytes)
-
-
-def task_devices(device_names: list[str]) -> dict[int, list[str]]:
-    """Devices per task from a session's list_devices(): a task's GPUs when it has any, else its CPUs."""
-    found: dict[int, dict[str, list[tuple[int, str]]]] = {}
-    for name in device_names:
-        match = re.search(r"/task:(\d+)/device:(GPU|CPU):(\d+)$", name)
-        if match:
-            task, kind, index = int(match[1]), match[2], int(match[3])
-            short = f"/job:worker/task:{task}/device:{kind}:{index}"
-            found.setdefault(task, {}).setdefault(kind, []).append((index, short))
-    return {task: [name for _, name in sorted(kinds.get("GPU") or kinds["CPU"])] for task, kinds in found.items()}
-
-
-def _wait_for_tasks(session, tasks: int, wait_s: float) -> list[list[str]]:
-    """The devices of tasks 0..tasks-1, once every task answers (the servers of a real cluster start
-    when their owners start them)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = task_devices([d.name for d in session.list_devices()])
-        missing = [k for k in range(tasks) if k not in found]
-        if not missing:
-            return [found[k] for k in range(tasks)]
-        if time.monotonic() > deadline:
-            raise CalibrationError(f"task(s) {', '.join(map(str, missing))} did not answer within {wait_s:g} s; "
-                                   "are their servers running?")
-        time.sleep(1.0)
-
-
-# ---------------------------------------------------------------- running the steps
-
-
-class Watchdog:
-    """Calls `on_hang` once when a step outlives its deadline: stopping the servers ends the step."""
-
-    def __init__(self, on_hang: Callable[[], None]):
-        self.on_hang = on_hang
-        self.deadline: float | None = None
-        self.fired = False
-        self._stop = threading.Event()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.25):
-            if self.deadline is not None and time.monotonic() > self.deadline and not self.fired:
-                self.fired = True
-                self.on_hang()
-
-    def close(self) -> None:
-        self._stop.set()
-
-
-def measure(target: str, tasks: int, settings: CalibrationSettings, on_hang: Callable[[], None],
-            progress: bool = True, wait_s: float = 120.0) -> list[Sample]:
-    """Connect to `target` (task 0 of a cluster of `tasks`), build every series and time it."""
-    import tensorflow as tf
+def measure(target: str, tasks: int, settings: CalibrationSettings, progress: bool = True,
+            startup_s: float = STARTUP_S, grace_s: float = HANG_GRACE_S,
+            on_event: Callable[[dict], None] | None = None) -> list[Sample]:
+    """Every sample of a cluster of `tasks` whose task 0 serves at `target` (grpc://host:port), measured by
+    a child process that is killed when a step outlives its deadline. `on_event` sees every event the
+    child reports (tag_core.runtime.calibration_client), for callers that show progress their own way."""
     from tqdm import tqdm
 
-    graph = CalibrationGraph(settings.step_timeout_s)
-    session = tf.compat.v1.Session(target, graph=graph.graph, config=session_config(settings.step_timeout_s))
-    watchdog = Watchdog(on_hang)
-    options = tf.compat.v1.RunOptions(timeout_in_ms=int(settings.step_timeout_s * 1000))
-
-    def timed(op, what: str) -> float:
-        watchdog.deadline = time.monotonic() + settings.step_timeout_s + HANG_GRACE_S
-        start = time.perf_counter()
-        try:
-            session.run(op, options=options)
-        except tf.errors.OpError as exc:
-            if watchdog.fired:
-                raise CalibrationError(f"{what}: the step did not finish within {settings.step_timeout_s:g} s; "
-                                       "the servers were stopped") from None
-            raise CalibrationError(f"{what}: {type(exc).__name__}: {_headline(str(exc))}") from None
-        finally:
-            watchdog.deadline = None
-        return time.perf_counter() - start
-
+    command = [sys.executable, "-m", "tag_core.runtime.calibration_client", "--target", target, "--tasks",
+               str(tasks), "--settings", json.dumps(asdict(settings)), "--wait", str(startup_s)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=child_env(threads=None), start_new_session=True)
+    events: queue.Queue = queue.Queue()
+    stderr_tail: deque = deque(maxlen=40)
+    threading.Thread(target=_pump, args=(child.stdout, events.put), daemon=True).start()
+    threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
+    samples: list[Sample] = []
+    label, allowed = "starting the measuring session", startup_s + grace_s
+    deadline = time.monotonic() + allowed
+    bar = tqdm(desc="calibrate", unit="series", file=sys.stderr, disable=not progress, leave=False)
     try:
-        devices = _wait_for_tasks(session, tasks, wait_s)
-        build_series(graph, devices, settings)
-        timed(graph.init, "initialising the payloads")
-        samples: list[Sample] = []
-        with tqdm(total=len(graph.series), desc="calibrate", unit="series", file=sys.stderr,
-                  disable=not progress, leave=False) as bar:
-            for series in graph.series:
-                bar.set_postfix_str(series.label)
-                samples += _time_series(series, settings, timed)
+        while True:
+            try:
+                line = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise CalibrationError(f"{label}: no answer within {allowed:g} s; the measurement was "
+                                       "stopped") from None
+            if line is None:  # the child closed its output
+                detail = " | ".join(x for x in stderr_tail if x.strip() and "oneDNN" not in x)[-600:]
+                raise CalibrationError(f"the measuring process ended without finishing: {detail or 'no output'}")
+            event = _parse(line)
+            if event is None:
+                continue
+            if on_event is not None:
+                on_event(event)
+            kind = event["event"]
+            if kind == "step":
+                label, allowed = event["label"], settings.step_timeout_s + grace_s
+                deadline = time.monotonic() + allowed
+            elif kind == "series":
+                bar.total = event["total"]
+                bar.set_postfix_str(event["label"])
+            elif kind == "samples":
+                samples += [Sample(**row) for row in event["rows"]]
                 bar.update()
-        return samples
+            elif kind == "error":
+                raise CalibrationError(event["message"])
+            elif kind == "done":
+                return samples
     finally:
-        watchdog.close()
-        session.close()
+        bar.close()
+        _end(child)
 
 
-def _time_series(series: Series, settings: CalibrationSettings, timed: Callable) -> list[Sample]:
-    for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
-        timed(series.target, series.label)
-        if series.base is not None:
-            timed(series.base, series.label)
-    base_times, target_times = [], []
-    for _ in range(settings.repeats):  # interleaved, so that drift hits both alike
-        if series.base is not None:
-            base_times.append(timed(series.base, series.label))
-        target_times.append(timed(series.target, series.label))
-    base = median(base_times) if base_times else 0.0
-    samples = []
-    for run, seconds in enumerate(target_times):
-        value = (seconds - base) / series.per_step
-        if not (math.isfinite(value) and value > 0):
-            raise CalibrationError(f"{series.label}: run {run} took {seconds * 1e3:.3f} ms, no longer than the same "
-                                   f"step without its payload ({base * 1e3:.3f} ms median); the noise hides it: "
-                                   "use more --repeats")
-        samples.append(Sample(series.kind, series.link, series.group_size, series.bytes, run, value))
-    return samples
+def _pump(stream, put) -> None:
+    for line in stream:
+        put(line.rstrip("\n"))
+    put(None)
 
 
-def _headline(message: str) -> str:
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    useful = [line for line in lines if line != "Graph execution error:" and not line.startswith("Detected at")]
-    return (useful or lines or [""])[0][:300]
+def _parse(line: str) -> dict | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
+
+
+def _end(child: subprocess.Popen, wait_s: float = 10.0) -> None:
+    """Let a child that reported "done" exit; kill it (and its process group) otherwise or after `wait_s`."""
+    try:
+        child.wait(timeout=wait_s if child.poll() is None else 0)
+    except subprocess.TimeoutExpired:
+        pass
+    if child.poll() is None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.wait()
 
 
 # ---------------------------------------------------------------- local and real clusters
@@ -239,8 +177,7 @@ def calibrate_local(tasks: int, settings: CalibrationSettings, name: str | None 
     """Measure `tasks` pinned local servers; the topology they form (its inter_gbps from the fit) and
     its calibration."""
     with local_cluster(tasks, where="--local") as cluster:
-        samples = measure(cluster.target(0), tasks, settings, on_hang=lambda: _stop_all(cluster.pids),
-                          progress=progress)
+        samples = measure(cluster.target(0), tasks, settings, progress=progress)
     name = name or f"local-{tasks}"
     fitted = _fit(samples, name, "", "local")  # the topology takes its bandwidth from the fit, then its hash
     topology = local_topology(name, tasks, fitted.links["inter"].gbps)
@@ -249,21 +186,8 @@ def calibrate_local(tasks: int, settings: CalibrationSettings, name: str | None 
 
 def calibrate_cluster(topology: Topology, cluster: dict[str, list[str]], settings: CalibrationSettings,
                       progress: bool = True) -> Calibration:
-    """Measure a real cluster whose tasks 1.. already serve (`tag calibrate --cluster ... --task-index K`);
-    task 0 is served from here."""
-    devices = topology.machines[0].count
-    with task_servers(cluster, [0], devices_per_task=devices, threads=None) as servers:
-        samples = measure(f"grpc://{servers[0].address}", topology.num_machines, settings,
-                          on_hang=lambda: _stop_all([servers[0].pid]), progress=progress)
+    """Measure a real cluster whose tasks 1.. serve (`tag calibrate --cluster ... --task-index K`); task 0
+    is served from here, with TensorFlow's default threads."""
+    with task_servers(cluster, [0], devices_per_task=topology.machines[0].count, threads=None) as servers:
+        samples = measure(f"grpc://{servers[0].address}", topology.num_machines, settings, progress=progress)
     return _fit(samples, topology.name, topology.content_hash(), "cluster")
-
-
-def _stop_all(pids: list[int]) -> None:
-    import os
-    import signal
-
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -20,7 +20,10 @@ Payloads are float32 variables (bytes / 4 elements), zeros, read with ReadVariab
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .calibrate import CalibrationSettings
 
 CHAIN_BYTES = 32 * 2**20  # payloads up to this many bytes in all are chained in one step
 MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around them
@@ -182,6 +185,37 @@ class CalibrationGraph:
         with self.graph.as_default():
             target = self._base(devices)
         self.series.append(Series("step", None, len(devices), None, target, None, 1, devices))
+
+
+def default_group_sizes(members: int) -> list[int]:
+    """2, the powers of two below `members`, and `members`."""
+    sizes = {members} | {2**k for k in range(1, members.bit_length()) if 2**k <= members}
+    return sorted(s for s in sizes if s >= 2)
+
+
+def build_series(graph: CalibrationGraph, tasks: list[list[str]], settings: CalibrationSettings) -> None:
+    """Every series for a cluster whose task k has the devices tasks[k]: "inter" between the first devices
+    of different tasks, "intra" between the devices of the first task that has several."""
+    inter = [t[0] for t in tasks]
+    intra = next((t for t in tasks if len(t) >= 2), None)
+    pairs = ([("inter", inter[0], inter[1])] if len(inter) >= 2 else []) + \
+            ([("intra", intra[0], intra[1])] if intra else [])
+    groups = [("inter", tuple(inter))] + ([("intra", tuple(intra))] if intra else [])
+    graph.step(tuple(inter[:1]))
+    if len(inter) > 1:
+        graph.step(tuple(inter))
+    graph.op_chain(inter[0], settings.chain_ops)
+    for link, a, b in pairs:
+        graph.p2p(a, b, link, 4, hops=settings.transfer_hops, kind="sendrecv")
+        for nbytes in settings.sizes:
+            graph.p2p(a, b, link, nbytes)
+    for link, members in groups:
+        wanted = settings.group_sizes or default_group_sizes(len(members))
+        for size in sorted(s for s in wanted if 2 <= s <= len(members)):
+            for nbytes in settings.sizes:
+                graph.allreduce(members[:size], link, nbytes)
+                graph.ps(members[:size], link, nbytes)
+                graph.broadcast(members[:size], link, nbytes)
 
 
 def session_config(timeout_s: float):

@@ -39,6 +39,10 @@ STARTUP_S = 120.0  # importing TensorFlow in several processes at once on a smal
 STOP_GRACE_S = 5.0
 
 
+class ServerStartError(RuntimeError):
+    """A server process that exited or hung before serving (one line, with the end of its stderr)."""
+
+
 @dataclass(frozen=True)
 class ServerProcess:
     task: int
@@ -113,16 +117,17 @@ def task_servers(cluster: dict[str, list[str]], tasks: Sequence[int], cores: Seq
             if core is not None:
                 command += ["--core", str(core)]
             children.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             env=_server_env(threads), start_new_session=True))
+                                             env=child_env(threads), start_new_session=True))
         servers = _wait_until_serving(children, tasks, cluster, cores, time.monotonic() + startup_s)
         yield servers
     finally:
         stop(children)
 
 
-def _server_env(threads: int | None) -> dict[str, str]:
+def child_env(threads: int | None) -> dict[str, str]:
+    """The environment of a TF child process of this package (`threads`: per pool, None for TF's default)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-           # The server never uses Keras: TF skips its eager Keras import when told to use the absent tf_keras.
+           # These children never use Keras: TF skips its eager Keras import when told to use the absent tf_keras.
            "TF_USE_LEGACY_KERAS": "1"}
     if threads:  # the same count for every pool that reads these (OpenMP, oneDNN, TF's own defaults)
         env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
@@ -141,10 +146,10 @@ def _wait_until_serving(children: list[subprocess.Popen], tasks: list[int], clus
     for i, child in enumerate(children):
         while not ready[i].wait(timeout=0.2):
             if child.poll() is not None:
-                raise RuntimeError(f"the server of task {tasks[i]} exited with code {child.returncode} before "
+                raise ServerStartError(f"the server of task {tasks[i]} exited with code {child.returncode} before "
                                    f"serving: {_tail(stderr_tails[i])}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the server of task {tasks[i]} did not start serving in time")
+                raise ServerStartError(f"the server of task {tasks[i]} did not start serving in time")
     return [ServerProcess(task=t, address=cluster["worker"][t], pid=c.pid, core=core)
             for t, c, core in zip(tasks, children, cores)]
 

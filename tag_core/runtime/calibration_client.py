@@ -1,0 +1,155 @@
+"""The process that times the calibration steps: a graph-mode session on task 0 of a cluster.
+
+`tag calibrate` starts it as a child (tag_core.runtime.calibrate.measure) so that a step that never
+ends (a collective waiting for a peer, an RPC that gRPC keeps retrying after a server died) ends with
+the process. It reports one JSON object per line on stdout:
+
+    {"event": "devices", "tasks": [[device, ...], ...]}    the devices of every task, once all answer
+    {"event": "series", "index", "total", "label"}         a series starts
+    {"event": "step", "label"}                             a step is about to run (the parent's deadline)
+    {"event": "samples", "rows": [Sample fields, ...]}     a series' samples
+    {"event": "error", "message"} | {"event": "done"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict
+from statistics import median
+from typing import Any, Callable
+
+from tag_core.cluster.calibration import Sample
+
+from .calibrate import CalibrationError, CalibrationSettings
+from .calibration_graphs import CalibrationGraph, Series, build_series, session_config
+
+
+def report(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def task_devices(device_names: list[str]) -> dict[int, list[str]]:
+    """Devices per task from a session's list_devices(): a task's GPUs when it has any, else its CPUs."""
+    found: dict[int, dict[str, list[tuple[int, str]]]] = {}
+    for name in device_names:
+        match = re.search(r"/task:(\d+)/device:(GPU|CPU):(\d+)$", name)
+        if match:
+            task, kind, index = int(match[1]), match[2], int(match[3])
+            short = f"/job:worker/task:{task}/device:{kind}:{index}"
+            found.setdefault(task, {}).setdefault(kind, []).append((index, short))
+    return {task: [name for _, name in sorted(kinds.get("GPU") or kinds["CPU"])] for task, kinds in found.items()}
+
+
+def wait_for_tasks(session, tasks: int, wait_s: float) -> list[list[str]]:
+    """The devices of tasks 0..tasks-1 once every task answers (a real cluster's servers start when their
+    owners start them)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = task_devices([d.name for d in session.list_devices()])
+        missing = [k for k in range(tasks) if k not in found]
+        if not missing:
+            return [found[k] for k in range(tasks)]
+        if time.monotonic() > deadline:
+            raise CalibrationError(f"task(s) {', '.join(map(str, missing))} did not answer within {wait_s:g} s; "
+                                   "are their servers running?")
+        time.sleep(1.0)
+
+
+def time_series(series: Series, settings: CalibrationSettings, timed: Callable) -> list[Sample]:
+    """Warm-up runs, then target and base runs interleaved (drift hits both alike); each sample is
+    (target - median base) / the payloads chained in the target."""
+    for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
+        timed(series.target, series.label)
+        if series.base is not None:
+            timed(series.base, series.label)
+    base_times, target_times = [], []
+    for _ in range(settings.repeats):
+        if series.base is not None:
+            base_times.append(timed(series.base, series.label))
+        target_times.append(timed(series.target, series.label))
+    base = median(base_times) if base_times else 0.0
+    samples = []
+    for run, seconds in enumerate(target_times):
+        value = (seconds - base) / series.per_step
+        if not (math.isfinite(value) and value > 0):
+            raise CalibrationError(f"{series.label}: run {run} took {seconds * 1e3:.3f} ms, no longer than the same "
+                                   f"step without its payload ({base * 1e3:.3f} ms median); the noise hides it: "
+                                   "use more --repeats or larger --sizes")
+        samples.append(Sample(series.kind, series.link, series.group_size, series.bytes, run, value))
+    return samples
+
+
+def headline(message: str) -> str:
+    """The informative line of a TF error (its first line is often just 'Graph execution error:')."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    useful = [line for line in lines if line != "Graph execution error:" and not line.startswith("Detected at")]
+    return (useful or lines or [""])[0][:300]
+
+
+def run(target: str, tasks: int, settings: CalibrationSettings, wait_s: float) -> int:
+    import tensorflow as tf
+
+    graph = CalibrationGraph(settings.step_timeout_s)
+    session = tf.compat.v1.Session(target, graph=graph.graph, config=session_config(settings.step_timeout_s))
+    options = tf.compat.v1.RunOptions(timeout_in_ms=int(settings.step_timeout_s * 1000))
+
+    def timed(op, label: str) -> float:
+        report("step", label=label)
+        start = time.perf_counter()
+        try:
+            session.run(op, options=options)
+        except tf.errors.OpError as exc:
+            raise CalibrationError(f"{label}: {type(exc).__name__}: {headline(str(exc))}") from None
+        return time.perf_counter() - start
+
+    try:
+        devices = wait_for_tasks(session, tasks, wait_s)
+        report("devices", tasks=devices)
+        build_series(graph, devices, settings)
+        timed(graph.init, "initialising the payloads")
+        for index, series in enumerate(graph.series):
+            report("series", index=index, total=len(graph.series), label=series.label)
+            report("samples", rows=[asdict(s) for s in time_series(series, settings, timed)])
+    except CalibrationError as exc:
+        report("error", message=str(exc))
+        return 1
+    session.close()  # before the servers stop: a session left open to dead servers hangs at exit
+    report("done")
+    return 0
+
+
+def _exit_with_parent() -> None:
+    """End this process as soon as the one that started it is gone (it runs in its own process group)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.calibration_client")
+    parser.add_argument("--target", required=True, help="grpc://host:port of task 0")
+    parser.add_argument("--tasks", type=int, required=True)
+    parser.add_argument("--settings", required=True, help="CalibrationSettings as JSON")
+    parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every task to answer")
+    args = parser.parse_args(argv)
+    _exit_with_parent()
+    fields = json.loads(args.settings)
+    settings = CalibrationSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    return run(args.target, args.tasks, settings, args.wait)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
