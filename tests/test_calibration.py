@@ -214,6 +214,35 @@ def test_local_refuses_too_few_or_too_many_tasks(tag_home, tmp_path, capsys):
     assert not out.exists() and not (tag_home / "tag.duckdb").exists()
 
 
+@pytest.mark.parametrize("content, expected", [
+    ("{oops", "not valid JSON"),
+    (json.dumps({"worker": ["a:1", "b:2"]}), 'cluster.worker must be a list of "host:port" strings'),
+    (json.dumps({"cluster": {"worker": ["a:1", 7]}}), 'cluster.worker must be a list of "host:port" strings'),
+    (json.dumps({"cluster": {"worker": ["a:1", "b:2", "c:3"]}}), "lists 3 workers; the topology has 2 machines"),
+])
+def test_cluster_mode_refuses_a_bad_cluster_file(content, expected, tag_home, tmp_path, capsys):
+    topology = {"name": "pair", "machines": [{"name": f"m{k}", "gpu": "cpu", "count": 1, "intra_gbps": 10.0}
+                                             for k in range(2)], "inter_gbps": 10.0}
+    (tmp_path / "pair.json").write_text(json.dumps(topology))
+    (tmp_path / "cluster.json").write_text(content)
+    assert main(["calibrate", "--topology", str(tmp_path / "pair.json"), "--cluster",
+                 str(tmp_path / "cluster.json")]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("tag: error: --cluster: ") and expected in lines[0], lines
+    assert main(["calibrate", "--cluster", str(tmp_path / "cluster.json")]) == 2
+    assert "--topology: is required with --cluster" in capsys.readouterr().err
+    assert not (tag_home / "tag.duckdb").exists()
+
+
+def test_devices_of_each_task_prefer_gpus():
+    from tag_core.runtime.calibration_client import task_devices
+
+    names = ["/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:0/device:CPU:0",
+             "/job:worker/replica:0/task:1/device:GPU:1", "/job:worker/replica:0/task:1/device:GPU:0"]
+    assert task_devices(names) == {0: ["/job:worker/task:0/device:CPU:0"],
+                                   1: ["/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1"]}
+
+
 # ---------------------------------------------------------------- local TF servers (real processes)
 
 
@@ -222,8 +251,9 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "X"
-    return state not in ("Z", "X")
+    stat = Path(f"/proc/{pid}/stat")
+    state = stat.read_text().split(")")[-1].split()[0] if stat.exists() else "X"
+    return state not in ("Z", "X")  # a zombie has ended: only its parent has not reaped it yet
 
 
 def _gone_within(pids: list[int], seconds: float) -> bool:

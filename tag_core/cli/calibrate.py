@@ -138,7 +138,8 @@ def run_measure(args) -> int:
     print(f"calibrated {topology.name} ({where}) in {wall:.1f} s: calibration {calibration.calibration_hash}, "
           f"topology hash {calibration.topology_hash}")
     if out is not None:
-        print(f"wrote {out}: {topology.num_machines} machines of one 'cpu' device, inter {topology.inter_gbps:g} Gbit/s")
+        print(f"wrote {out}: {topology.num_machines} machines of one 'cpu' device, "
+              f"inter {topology.inter_gbps:g} Gbit/s")
     print_fits(calibration)
     return 0
 
@@ -173,8 +174,8 @@ def read_cluster_file(path: str, tasks: int) -> dict[str, list[str]]:
     from tag_core.files import input_file, read_json
 
     data = read_json(input_file(path, "--cluster"), "--cluster")
-    workers = data.get("cluster", {}).get("worker") if isinstance(data, dict) and isinstance(data.get("cluster"), dict) \
-        else None
+    spec = data.get("cluster") if isinstance(data, dict) else None
+    workers = spec.get("worker") if isinstance(spec, dict) else None
     require(isinstance(workers, list) and all(isinstance(w, str) and ":" in w for w in workers), "--cluster",
             f'{path}: cluster.worker must be a list of "host:port" strings')
     require(len(workers) == tasks, "--cluster", f"{path} lists {len(workers)} workers; the topology has {tasks} "

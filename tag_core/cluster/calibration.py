@@ -106,7 +106,8 @@ class Calibration:
 
     def fits(self) -> list[tuple[str, str, int | None, Fit]]:
         """Every fit as (kind, link, group size, fit): point-to-point first, then the collectives."""
-        rows: list[tuple[str, str, int | None, Fit]] = [("p2p", link, 2, fit) for link, fit in sorted(self.links.items())]
+        rows: list[tuple[str, str, int | None, Fit]] = [("p2p", link, 2, fit)
+                                                        for link, fit in sorted(self.links.items())]
         for kind in COLLECTIVES:
             for link, sizes in sorted(self.collectives.get(kind, {}).items()):
                 rows += [(kind, link, size, fit) for size, fit in sorted(sizes.items())]

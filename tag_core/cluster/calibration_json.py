@@ -181,7 +181,8 @@ def _choice(value: Any, where: str, allowed: tuple[str, ...], what: str = "value
 
 
 def _seconds(value: Any, where: str) -> float:
-    require(_is_number(value) and value > 0, where, f"must be a positive finite number of seconds, got {describe(value)}")
+    require(_is_number(value) and value > 0, where,
+            f"must be a positive finite number of seconds, got {describe(value)}")
     require(value <= MAX_SECONDS, where, f"must be at most {MAX_SECONDS:g} s, got {value:g}")
     return float(value)
 
@@ -192,5 +193,6 @@ def _non_negative(value: Any, where: str) -> float:
 
 
 def _count(value: Any, where: str, low: int, high: int) -> int:
-    require(_is_int(value) and low <= value <= high, where, f"must be an integer in [{low}, {high}], got {describe(value)}")
+    require(_is_int(value) and low <= value <= high, where,
+            f"must be an integer in [{low}, {high}], got {describe(value)}")
     return int(value)

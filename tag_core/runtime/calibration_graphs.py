@@ -195,9 +195,10 @@ def default_group_sizes(members: int) -> list[int]:
 
 def build_series(graph: CalibrationGraph, tasks: list[list[str]], settings: CalibrationSettings) -> None:
     """Every series for a cluster whose task k has the devices tasks[k]: "inter" between the first devices
-    of different tasks, "intra" between the devices of the first task that has several."""
+    of different tasks, "intra" between the GPUs of the first task that has several. (Logical CPU devices
+    of one task share its memory: a tensor passes between them by reference, whatever its size.)"""
     inter = [t[0] for t in tasks]
-    intra = next((t for t in tasks if len(t) >= 2), None)
+    intra = next((t for t in tasks if len(t) >= 2 and "/device:GPU:" in t[0]), None)
     pairs = ([("inter", inter[0], inter[1])] if len(inter) >= 2 else []) + \
             ([("intra", intra[0], intra[1])] if intra else [])
     groups = [("inter", tuple(inter))] + ([("intra", tuple(intra))] if intra else [])
