@@ -110,6 +110,8 @@ def measure(target: str, tasks: int, settings: CalibrationSettings, progress: bo
             elif kind == "series":
                 bar.total = event["total"]
                 bar.set_postfix_str(event["label"])
+            elif kind == "retry":
+                bar.set_postfix_str(f"{event['label']} (again: load hid it)")
             elif kind == "samples":
                 samples += [Sample(**row) for row in event["rows"]]
                 bar.update()

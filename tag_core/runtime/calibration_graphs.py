@@ -1,9 +1,9 @@
 """The graph `tag calibrate` runs: one small step per measured series, all in one tf.Graph.
 
-Each series is a target step and a base step that touches the same devices without the payload;
-a sample is (target time - base median) / the payloads the target chains one after another. Chaining
-(a tensor hopping a -> b -> a ..., collectives feeding the next) makes small payloads stand out of
-the step's launch noise, and each payload waits for the one before, as transfers inside a step do.
+Each series is a target step and a base step that touches the same devices without the payload; a
+sample is (target time - fastest base time) / the payloads the target chains one after another.
+Chaining (a tensor hopping a -> b -> a ..., collectives feeding the next) makes small payloads stand
+out of the step's launch noise, and each payload waits for the one before, as transfers in a step do.
 What is chained is what the emitter emits (tag_core.emit):
 
     p2p, sendrecv  an Identity on the other device of the pair: one send/recv per hop
