@@ -103,6 +103,7 @@ def run_measure(args) -> int:
         require(args.local <= len(cores), "--local", f"{args.local} tasks need {args.local} cores to run in parallel; "
                                                      f"this process may use {len(cores)}")
         require(args.out is not None, "--out", "is required with --local: the topology JSON to write")
+        require(args.name is None or args.name.strip() != "", "--name", "must not be empty")
         out = _checked_out(args.out)
     else:
         from tag_core.cluster.topology_json import load_topology
@@ -128,9 +129,9 @@ def run_measure(args) -> int:
         print(f"tag: error: {exc}", file=sys.stderr)
         return 1
     wall = time.monotonic() - started
+    _save(args, calibration)  # one transaction first: the store is what may be busy; the file was checked
     if out is not None:
         _write_topology(topology, out)
-    _save(args, calibration)
     if args.json:
         print_json({**summary(calibration), "topology_file": str(out) if out else args.topology, "wall_s": wall})
         return 0
