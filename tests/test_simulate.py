@@ -309,7 +309,7 @@ def test_variables_an_op_takes_together_share_a_ps_class():
 # ---- calibrated communication --------------------------------------------------------------
 
 
-def _calibration(topo, collectives=None, per_step_s=0.0):
+def _calibration(topo, collectives=None, per_step_s=0.0, samples=()):
     from tag_core.cluster.calibration import Calibration, Fit, Overheads
 
     def fit(latency_s, gbps):
@@ -320,7 +320,8 @@ def _calibration(topo, collectives=None, per_step_s=0.0):
                        collectives={kind: {link: {n: fit(*terms) for n, terms in sizes.items()}
                                            for link, sizes in by_link.items()}
                                     for kind, by_link in (collectives or {}).items()},
-                       overheads=Overheads(per_op_s=1e-5, per_step_s=per_step_s, per_transfer_s=1e-3))
+                       overheads=Overheads(per_op_s=1e-5, per_step_s=per_step_s, per_transfer_s=1e-3),
+                       samples=tuple(samples))
 
 
 def test_a_calibration_sets_latency_and_bandwidth_per_link_class():
@@ -359,3 +360,18 @@ def test_a_measured_collective_is_used_as_it_is():
     comm3 = CommModel.from_calibration(_calibration(three, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
     result3 = Simulator(g, three, profiles(g, V100), comm=comm3).run(_dp(g, three, overlap=False))
     assert result3.comm_s["allreduce"] == pytest.approx(ring_allreduce_time(W_BYTES, 3, 7.8, 9e-4))
+
+
+def test_launching_a_step_costs_what_was_measured_for_the_tasks_it_touches():
+    from tag_core.cluster.calibration import Sample
+    from tag_core.simulate import CommModel
+
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
+    steps = [Sample("step", None, tasks, None, run, seconds) for tasks, seconds in ((1, 5e-4), (2, 2e-3))
+             for run in range(3)]
+    comm = CommModel.from_calibration(_calibration(topo, per_step_s=2e-3, samples=steps))
+    one = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])  # machine a alone: no communication
+    plain = Simulator(g, topo, profiles(g, V100)).run(one).iteration_time_s
+    assert Simulator(g, topo, profiles(g, V100), comm=comm).run(one).iteration_time_s - plain == pytest.approx(5e-4)
+    assert comm.step_cost(1) == 5e-4 and comm.step_cost(2) == 2e-3 and comm.step_cost(3) == 2e-3

@@ -25,7 +25,8 @@ from .cost import LATENCY_S, broadcast_time, bytes_per_s, hierarchical_allgather
 class CommModel:
     intra_latency_s: float = LATENCY_S
     inter_latency_s: float = LATENCY_S
-    per_step_s: float = 0.0  # launching one step on the runtime
+    per_step_s: float = 0.0  # launching a step that touches every task
+    step_s_by_tasks: dict[int, float] = field(default_factory=dict)  # measured launch cost by tasks touched
     link_gbps: dict[str, float] = field(default_factory=dict)  # link class -> measured bandwidth
     fits: dict[tuple[str, str, int], Fit] = field(default_factory=dict)  # (kind, link, group size)
     calibration_hash: str | None = None
@@ -35,14 +36,25 @@ class CommModel:
         fits = {(kind, link, size): fit for kind, by_link in calibration.collectives.items()
                 for link, sizes in by_link.items() for size, fit in sizes.items()}
         latency = {link: fit.latency_s for link, fit in calibration.links.items()}
+        steps: dict[int, list[float]] = {}
+        for sample in calibration.samples:
+            if sample.kind == "step" and sample.group_size:
+                steps.setdefault(sample.group_size, []).append(sample.seconds)
         return cls(intra_latency_s=latency.get("intra", LATENCY_S), inter_latency_s=latency.get("inter", LATENCY_S),
                    per_step_s=calibration.overheads.per_step_s,
+                   step_s_by_tasks={tasks: float(np.median(times)) for tasks, times in steps.items()},
                    link_gbps={link: fit.gbps for link, fit in calibration.links.items()}, fits=fits,
                    calibration_hash=calibration.calibration_hash)
 
     @property
     def calibrated(self) -> bool:
         return self.calibration_hash is not None
+
+    def step_cost(self, tasks: int) -> float:
+        """Launching a step that touches `tasks` tasks: measured for that many when the calibration has it
+        (a one-task step costs less than a step every task joins), else for the nearest fewer, else per_step_s."""
+        fewer = [k for k in self.step_s_by_tasks if k <= tasks]
+        return self.step_s_by_tasks[max(fewer)] if fewer else self.per_step_s
 
     def machine_bandwidth(self, topology: Topology) -> np.ndarray:
         """The topology's machine-by-machine Gbit/s, with each measured link class in place of its figures."""

@@ -204,7 +204,7 @@ class Simulator:
         peak_d = peak[of]
         device_oom = peak_d > self.capacity
         return SimResult(
-            iteration_time_s=T + self.comm.per_step_s,  # the runtime's cost of launching the step
+            iteration_time_s=T + self.comm.step_cost(int(s.masks.any(axis=0).sum())),  # launching it on its tasks
             oom=bool(device_oom.any()),
             device_oom=device_oom,
             peak_memory_bytes=peak_d,
