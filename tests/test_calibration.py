@@ -17,7 +17,13 @@ import pytest
 from tag_core import store
 from tag_core.cli import main
 from tag_core.cluster.calibration import (
-    Calibration, FitRefused, Sample, fit_calibration, fit_latency_bandwidth, load_from_store, save_to_store,
+    Calibration,
+    FitRefused,
+    Sample,
+    fit_calibration,
+    fit_latency_bandwidth,
+    load_from_store,
+    save_to_store,
 )
 from tag_core.cluster.calibration_json import calibration_to_json, read_calibration_file, write_calibration_file
 from tag_core.cluster.topology_json import load_topology

@@ -28,7 +28,7 @@ from tag_core.errors import TagInputError
 from tag_core.files import read_json, write_atomically
 from tag_core.limits import INT32_MAX, INT64_MAX
 
-from .calibration import COLLECTIVES, KINDS, LINKS, SOURCES, Calibration, Fit, Overheads, Sample, calibration_hash
+from .calibration import COLLECTIVES, KINDS, LINKS, SOURCES, Calibration, Fit, Overheads, Sample
 from .fields import bounded_number, describe, field_path, json_object, require
 
 FORMAT = "tag-calibration"
