@@ -32,6 +32,7 @@ PARTITIONS = {
     "op_groups": "model",
     "fusion_plan": "model",
     "cluster_topology": "topology",
+    "calibration": "topology",
     "gnn_checkpoint": None,
     "deployment_plan": "model|topology",
     "sfb_decisions": "model|topology",

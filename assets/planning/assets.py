@@ -27,12 +27,13 @@ from tag_core.gnn.prior import pipeline_prior
 from tag_core.plan import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
 from tag_core.report import markdown_image, plan_pictures
 from tag_core.search import DEFAULT_GROUPS, Budget, OpGroups
+from tag_core.simulate.comm import comm_for
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions, model_topology_partitions
 from tag_pipelines.resources import DUCKDB_POOL, open_store
 
 from ..capture import training_graph
-from ..cluster import cluster_topology
+from ..cluster import calibration, cluster_topology
 from ..profiling import op_profiles
 from .checks import PLAN_CHECKS, plan_check_results
 
@@ -82,7 +83,7 @@ def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: Gr
 
 @asset(
     partitions_def=model_topology_partitions,
-    deps=[op_groups, cluster_topology, op_profiles],
+    deps=[op_groups, cluster_topology, calibration, op_profiles],
     check_specs=PLAN_CHECKS,
     group_name="plan",
     pool=DUCKDB_POOL,
@@ -102,6 +103,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
             topology = recorded_topology(conn, topology_key)
             previous = store.latest_plan(conn, spec.name, topology_key) if config.warm_start else None
             fusion = store.load_fusion_plan(conn, spec.name, graph.content_hash())
+            comm, uncalibrated = comm_for(conn, topology)
         groups = None
         if stored_groups is not None and stored_groups["graph_hash"] == graph.content_hash():
             groups = OpGroups.from_json(stored_groups["groups"])
@@ -114,7 +116,8 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
                       seed=config.seed, warm_start=previous[1] if previous else None, profile_hash=profile_hash,
                       fusion=FusionPlan.from_json(fusion) if fusion else None,
                       prior=prior.prior, lineage={"warm_start_from": previous[0] if previous else None,
-                                                  **prior.lineage()})
+                                                  **prior.lineage()},
+                      comm=comm, uncalibrated_because=uncalibrated)
         data = result.to_dict()
         plan_id = uuid.uuid4().hex[:16]
         with open_store(duckdb) as conn:

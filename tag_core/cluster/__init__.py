@@ -9,12 +9,20 @@ overheads, its samples; as JSON in `calibration_json.py`).
 """
 
 from .gpu_catalog import CATALOG, GpuType, lookup_gpu, normalise_device_name
-from .snapshots import DEFAULT_SETTLE_S, SnapshotScan, recorded_topology, scan_snapshots, topology_directory
+from .snapshots import (
+    DEFAULT_SETTLE_S,
+    SnapshotScan,
+    calibration_directory,
+    recorded_topology,
+    scan_calibrations,
+    scan_snapshots,
+    topology_directory,
+)
 from .topology import Device, Machine, Topology, random_topology
 from .topology_json import load_topology, parse_topology, topology_from_json
 
 __all__ = [
     "CATALOG", "DEFAULT_SETTLE_S", "Device", "GpuType", "Machine", "SnapshotScan", "Topology",
-    "load_topology", "lookup_gpu", "normalise_device_name", "parse_topology", "random_topology",
-    "recorded_topology", "scan_snapshots", "topology_directory", "topology_from_json",
+    "calibration_directory", "load_topology", "lookup_gpu", "normalise_device_name", "parse_topology", "random_topology",
+    "recorded_topology", "scan_calibrations", "scan_snapshots", "topology_directory", "topology_from_json",
 ]

@@ -1,9 +1,10 @@
-"""Topology snapshots in a watched directory: which are ready to plan for, and why the others are not.
+"""Files in a watched directory: topology snapshots (TAG_TOPOLOGY_DIR) and calibrations
+(TAG_CALIBRATION_DIR, files that `tag calibrate --export` writes): which are ready, and why the others are not.
 
-A snapshot is `<name>.json` directly inside the directory. It is ready when it
+A file is `<name>.json` directly inside the directory; `<name>` is its topology. It is ready when it
 is a regular file (no symlinks, nothing resolving outside the directory), has
 not changed for `settle_s` seconds (a file caught mid-copy is still changing),
-and validates. The sensor plans for ready snapshots only.
+and validates. The sensors act on ready files only.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from tag_core.errors import TagInputError
 
+from .calibration import Calibration
+from .calibration_json import read_calibration_file
 from .topology import Topology
 from .topology_json import parse_topology, topology_from_json
 
@@ -26,6 +30,10 @@ def topology_directory() -> Path:
     return Path(os.environ.get("TAG_TOPOLOGY_DIR", "topologies"))
 
 
+def calibration_directory() -> Path:
+    return Path(os.environ.get("TAG_CALIBRATION_DIR", "calibrations"))
+
+
 @dataclass(frozen=True)
 class SnapshotScan:
     name: str  # the file stem: the `topology` partition key
@@ -34,9 +42,32 @@ class SnapshotScan:
     reason: str = ""
     content_hash: str | None = None
     topology: Topology | None = None
+    calibration: Calibration | None = None
 
 
 def scan_snapshots(directory: str | Path, settle_s: float = DEFAULT_SETTLE_S, now: float | None = None) -> list[SnapshotScan]:
+    """Topology snapshots; a ready one carries its Topology and content hash."""
+    return _scan(directory, settle_s, now, _topology)
+
+
+def scan_calibrations(directory: str | Path, settle_s: float = DEFAULT_SETTLE_S,
+                      now: float | None = None) -> list[SnapshotScan]:
+    """Calibration files; a ready one carries its Calibration, and its calibration hash as content hash."""
+    return _scan(directory, settle_s, now, _calibration)
+
+
+def _topology(data: bytes, source: str) -> dict[str, Any]:
+    topology = topology_from_json(data, source)
+    return {"content_hash": topology.content_hash(), "topology": topology}
+
+
+def _calibration(data: bytes, source: str) -> dict[str, Any]:
+    calibration = read_calibration_file(source, "calibration")
+    return {"content_hash": calibration.calibration_hash, "calibration": calibration}
+
+
+def _scan(directory: str | Path, settle_s: float, now: float | None,
+          load: Callable[[bytes, str], dict[str, Any]]) -> list[SnapshotScan]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -46,11 +77,12 @@ def scan_snapshots(directory: str | Path, settle_s: float = DEFAULT_SETTLE_S, no
     for path in sorted(directory.iterdir()):
         if path.suffix != ".json" or path.name.startswith("."):
             continue  # editors' and copiers' temporary files start with a dot
-        scans.append(_scan_one(path, root, settle_s, now))
+        scans.append(_scan_one(path, root, settle_s, now, load))
     return scans
 
 
-def _scan_one(path: Path, root: Path, settle_s: float, now: float) -> SnapshotScan:
+def _scan_one(path: Path, root: Path, settle_s: float, now: float,
+              load: Callable[[bytes, str], dict[str, Any]]) -> SnapshotScan:
     name = path.stem
     if path.is_symlink() or path.resolve().parent != root:
         return SnapshotScan(name, path, "refused", "a symlink or a path outside the watched directory")
@@ -64,10 +96,10 @@ def _scan_one(path: Path, root: Path, settle_s: float, now: float) -> SnapshotSc
     if now - stat.st_mtime < settle_s:
         return SnapshotScan(name, path, "settling", f"changed {now - stat.st_mtime:.1f}s ago; waiting {settle_s:g}s")
     try:
-        topology = topology_from_json(data, str(path))
+        loaded = load(data, str(path))
     except TagInputError as exc:
         return SnapshotScan(name, path, "invalid", str(exc))
-    return SnapshotScan(name, path, "ready", "", topology.content_hash(), topology)
+    return SnapshotScan(name, path, "ready", "", **loaded)
 
 
 def file_hash(path: Path) -> str:
