@@ -1,10 +1,16 @@
 """Run an emitted step on TF's distributed runtime, optionally checking it against the single-device step.
 
-`run_emitted(folder, ...)` starts `tag_core.runtime.worker` as a child process: it starts one
-local `tf.distribute.Server` per task on 127.0.0.1 (as many logical CPU devices as the
-machine has GPUs), feeds deterministic synthetic batches and, with `check`, runs the
-original step on the same data and initial values and compares the loss and every copy
-of every variable after each step.
+`run_emitted(folder, ...)` starts `tag_core.runtime.worker` as a child process that feeds
+deterministic synthetic batches and, with `check`, runs the original step on the same data and
+initial values and compares the loss and every copy of every variable after each step. Where the
+tasks serve (`servers`):
+
+- "pinned" (the default when every task has one CPU device and the machine has a core per task, as
+  on the topology `tag calibrate --local N` writes): one TF server process per task, pinned to its
+  own core with one thread (tag_core.runtime.local_cluster), the worker a client of task 0. The
+  devices then really compute in parallel, as the calibration measured them.
+- "shared": one local `tf.distribute.Server` per task inside the worker (as many logical CPU devices
+  as the machine has GPUs); they share the worker's threads and the machine's cores.
 
 Everything in-process in TF (servers, a collective that waits for a peer that never
 comes) ends with the child: the parent kills it at the deadline, so a hang never hangs the
@@ -31,6 +37,7 @@ from tag_core.errors import TagInputError
 
 STARTUP_S = 90.0  # TF import, servers and graph import, before the run's own clock starts
 SHOWN_COLLECTIVES = 6
+SERVER_MODES = ("auto", "pinned", "shared")
 
 
 @dataclass
@@ -41,11 +48,23 @@ class RunResult:
     lines: list[str] = field(default_factory=list)  # what was reported, as printed
     reference: str | None = None  # what --check compared against
     check_skipped: str | None = None  # why --check compared nothing
+    servers: str = "shared"  # where the tasks served: "pinned", "shared" or "cluster"
+    server_pids: list[int] = field(default_factory=list)  # pinned: one process per task
+    server_cores: list[int | None] = field(default_factory=list)  # pinned: the core of each
+
+    @property
+    def measured_steps(self) -> list[dict[str, Any]]:
+        """The steps after the warm-up."""
+        return [s for s in self.steps if not s.get("warmup")]
 
     @property
     def seconds_per_step(self) -> float | None:
-        """Mean step time after the first (which includes TF's one-off graph setup)."""
-        times = [s["seconds"] for s in self.steps[1:]] or [s["seconds"] for s in self.steps]
+        """Mean step time after the warm-up, else after the first (which includes TF's one-off graph setup)."""
+        measured = self.measured_steps
+        if len(measured) < len(self.steps):
+            times = [s["seconds"] for s in measured]
+        else:
+            times = [s["seconds"] for s in self.steps[1:]] or [s["seconds"] for s in self.steps]
         return sum(times) / len(times) if times else None
 
     @property
@@ -95,10 +114,45 @@ def _check_cluster(path: Path, tasks: int) -> None:
         raise TagInputError("--cluster", f"{path} lists {len(workers)} workers; this graph has {tasks} tasks")
 
 
+def check_folder(folder: str | Path) -> dict:
+    """The plan.json of an emission folder; TagInputError naming DIR when `folder` is not one."""
+    return _check_folder(Path(folder), False)
+
+
+def pinned_problem(meta: dict) -> str | None:
+    """Why the tasks of this emission cannot run as pinned single-core processes here (None: they can)."""
+    from .local_cluster import pinnable_cores
+
+    tasks = meta["tasks"]
+    if any(count != 1 for count in tasks):
+        return f"its tasks have {', '.join(map(str, tasks))} devices; pinned tasks have one each"
+    cores = pinnable_cores()
+    if len(tasks) > len(cores):
+        return f"its {len(tasks)} tasks need {len(tasks)} cores; this process may use {len(cores)}"
+    return None
+
+
+def server_mode(meta: dict, servers: str = "auto", cluster: str | Path | None = None) -> str:
+    """"cluster", "pinned" or "shared" (see the module docstring); TagInputError for a mode that cannot be."""
+    if servers not in SERVER_MODES:
+        raise TagInputError("--servers", f"must be one of {', '.join(SERVER_MODES)}, got {servers!r}")
+    if cluster is not None:
+        if servers != "auto":
+            raise TagInputError("--servers", "does not apply with --cluster (the cluster's servers run the tasks)")
+        return "cluster"
+    problem = pinned_problem(meta)
+    if servers == "pinned" and problem:
+        raise TagInputError("--servers", f"pinned: the graph cannot run as one pinned process per task: {problem}")
+    if servers == "auto":
+        # GPU graphs run here only to be checked: their tasks keep the in-process servers.
+        return "pinned" if problem is None and meta["device_kind"] == "cpu" else "shared"
+    return servers
+
+
 def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout: float = 600.0,
                 cluster: str | Path | None = None, task_index: int = 0,
-                echo: Callable[[str], None] | None = None) -> RunResult:
-    """Run `steps` steps of the emitted folder; see the module docstring."""
+                echo: Callable[[str], None] | None = None, warmup: int = 0, servers: str = "auto") -> RunResult:
+    """Run `warmup` untimed then `steps` steps of the emitted folder; see the module docstring."""
     folder = Path(folder)
     plan = _check_folder(folder, check)
     meta = plan["emission"]
@@ -106,15 +160,44 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
         _check_cluster(Path(cluster), len(meta["tasks"]))
         if not 0 <= task_index < len(meta["tasks"]):
             raise TagInputError("--task-index", f"must lie in [0, {len(meta['tasks'])}) for this graph")
+    mode = server_mode(meta, servers, cluster)
+    echo = echo or (lambda line: None)
     command = [sys.executable, "-m", "tag_core.runtime.worker", str(folder), "--steps", str(steps),
-               "--timeout", str(timeout)]
+               "--timeout", str(timeout), "--warmup", str(warmup)]
     if check:
         command.append("--check")
     if cluster is not None:
         command += ["--cluster", str(cluster), "--task-index", str(task_index)]
+    if mode == "pinned":
+        return _run_pinned(command, meta, timeout, echo)
     serving = cluster is not None and task_index != 0  # serves until stopped: no deadline
     deadline = None if serving else time.monotonic() + timeout + STARTUP_S
-    return _supervise(command, meta, deadline, timeout, echo or (lambda line: None))
+    result = _supervise(command, meta, deadline, timeout, echo)
+    result.servers = mode
+    return result
+
+
+def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[str], None]) -> RunResult:
+    """The worker as a client of one pinned server process per task; every process is gone on return."""
+    from .local_cluster import ServerStartError, local_cluster
+
+    tasks = len(meta["tasks"])
+    try:
+        with local_cluster(tasks, where="DIR") as cluster:
+            started = ", ".join(f"task {s.task} on core {s.core} (process {s.pid})" for s in cluster.servers)
+            line = f"started {tasks} pinned single-core TF server processes: {started}"
+            echo(line)
+            result = _supervise(command + ["--target", cluster.target(0)], meta,
+                                time.monotonic() + timeout + STARTUP_S, timeout, echo)
+            result.lines.insert(0, line)
+            result.server_pids = cluster.pids
+            result.server_cores = [s.core for s in cluster.servers]
+    except ServerStartError as exc:
+        result = RunResult(ok=False, error=f"the local TF servers did not start: {exc}")
+        result.lines.append(result.error)
+        echo(result.error)
+    result.servers = "pinned"
+    return result
 
 
 def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: float,
@@ -203,7 +286,11 @@ def describe(event: dict, result: RunResult) -> list[str]:
     kind = event["event"]
     if kind == "start":
         where = "this machine's local TF servers" if not event.get("gpu_as_cpu") else "local TF servers (GPU devices as CPU)"
-        return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}"]
+        if event.get("pinned"):
+            where = "pinned single-core local TF servers, one process per task" + \
+                    (" (GPU devices as CPU)" if event.get("gpu_as_cpu") else "")
+        warmup = f"; {event['warmup']} warm-up steps first" if event.get("warmup") else ""
+        return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}{warmup}"]
     if kind == "check":
         if event.get("skipped"):
             result.check_skipped = event["skipped"]
@@ -221,7 +308,8 @@ def describe(event: dict, result: RunResult) -> list[str]:
                 f"when task 0 is done)"]
     if kind == "step":
         result.steps.append(event)
-        line = f"step {event['step']}: loss {event['loss']:.6g} ({event['seconds'] * 1e3:.1f} ms)"
+        warm = ", warm-up" if event.get("warmup") else ""
+        line = f"step {event['step']}: loss {event['loss']:.6g} ({event['seconds'] * 1e3:.1f} ms{warm})"
         if "reference_loss" not in event:
             return [line]
         compared = event["compared"]
@@ -246,7 +334,8 @@ def describe(event: dict, result: RunResult) -> list[str]:
         return []
     if kind == "done":
         per_step = result.seconds_per_step
-        timing = f", {per_step * 1e3:.1f} ms per step after the first" if per_step is not None else ""
+        after = f"the {event['warmup']} warm-up steps" if event.get("warmup") else "the first"
+        timing = f", {per_step * 1e3:.1f} ms per step after {after}" if per_step is not None else ""
         failed = f"; {event['failed_steps']} steps differ from the single-device step by more than 1e-4" \
             if event.get("failed_steps") else ""
         return [f"ran {event['steps']} steps{timing}{failed}"]

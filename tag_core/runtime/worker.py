@@ -159,7 +159,11 @@ def run(args) -> int:
     meta = plan["emission"]
     deadline = time.monotonic() + args.timeout
     servers = []
-    if args.cluster:
+    target = None
+    if args.target:  # pinned mode: the tasks serve in processes of their own (tag_core.runtime.local_cluster)
+        target = args.target
+        on_cpu = meta["device_kind"] == "gpu"
+    elif args.cluster:
         cluster = json.loads(Path(args.cluster).read_text())["cluster"]
         cpus = meta["tasks"][args.task_index] if meta["device_kind"] == "cpu" else None
         server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=args.task_index,
@@ -180,8 +184,8 @@ def run(args) -> int:
     graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu)
     values = initial_values(folder, meta)
     report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
-           gpu_as_cpu=on_cpu, check=args.check)
-    distributed = Distributed(graph_def, meta, servers[0].target, soft=bool(args.cluster))
+           gpu_as_cpu=on_cpu, check=args.check, pinned=target is not None, warmup=args.warmup)
+    distributed = Distributed(graph_def, meta, target or servers[0].target, soft=bool(args.cluster))
     statistics = meta.get("batch_statistics") or {}
     skip = statistics.get("skip")
     reference = Reference(folder, meta) if args.check and not skip else None
@@ -202,13 +206,15 @@ def run(args) -> int:
         distributed.initialise(values, options())
         if reference:
             reference.initialise(values)
-        for step in range(args.steps):
+        for step in range(args.warmup + args.steps):
             stage = f"step {step}"
-            batch = synthetic_batch(spec, plan["batch_size"], seed=step)
+            batch = synthetic_batch(spec, plan["batch_size"], seed=step)  # made before the clock starts
             start = time.perf_counter()
             loss = distributed.step(batch, options())
             seconds = time.perf_counter() - start
             fields: dict[str, Any] = {"step": step, "loss": loss, "seconds": seconds}
+            if step < args.warmup:
+                fields["warmup"] = True
             if reference:
                 fields.update(compare(distributed, reference, batch, loss, options(), meta))
                 failed += not fields["passed"]
@@ -218,7 +224,7 @@ def run(args) -> int:
         report("error", stage=stage, kind=type(exc).__name__, message=_headline(message),
                waiting=waiting_collectives(message, meta))
         return 1
-    report("done", steps=args.steps, failed_steps=failed)
+    report("done", steps=args.warmup + args.steps, warmup=args.warmup, failed_steps=failed)
     return 1 if failed else 0
 
 
@@ -245,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--cluster")
     parser.add_argument("--task-index", type=int, default=0)
+    parser.add_argument("--target", help="grpc://host:port of task 0 of servers already running (pinned mode)")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed steps before --steps")
     _exit_with_parent()
     try:
         return run(parser.parse_args(argv))
