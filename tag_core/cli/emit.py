@@ -48,6 +48,44 @@ def _profiles(args, model: str):
     return None if profiles.empty else profiles
 
 
+def _communication(args, topology):
+    """(CommModel, why uncalibrated) of the store's calibration of this topology snapshot (comm_for)."""
+    from tag_core import store
+    from tag_core.simulate.comm import CommModel, comm_for
+
+    path = Path(args.db) if args.db else store.default_database()
+    if not path.exists():
+        return CommModel(), f"no store at {path}: the cost model's defaults"
+    try:
+        conn = store.connect(path, read_only=True)
+    except Exception:  # another process is writing
+        return CommModel(), f"the store at {path} is busy: the cost model's defaults"
+    try:
+        return comm_for(conn, topology)
+    finally:
+        conn.close()
+
+
+def prediction(emission, profiles, comm, uncalibrated: str | None) -> dict:
+    """The predicted step time of an emission, for plan.json: the simulator on the emitted strategy at the
+    emitted batch, with `comm` (the topology's calibration, when one applies). SFB decisions are left
+    out: the emitter builds every gradient's ordinary sync."""
+    import copy
+
+    from tag_core.simulate.simulator import Simulator
+
+    strategy = copy.copy(emission.strategy)
+    left_out = len(strategy.sfb)
+    strategy.sfb = {}
+    sim = Simulator(emission.graph, emission.topology, profiles, batch_size=emission.batch_size, comm=comm)
+    result = sim.run(strategy)
+    return {"iteration_time_s": float(result.iteration_time_s), "oom": bool(result.oom),
+            "calibration": comm.calibration_hash, "uncalibrated_because": uncalibrated,
+            "profiled_types": sim.compute.profiled_types, "batch_size": sim.batch,
+            "comm_s": {k: float(v) for k, v in result.comm_s.items()},
+            **({"sfb_left_out": left_out} if left_out else {})}
+
+
 def _fusion(args, model: str):
     """A function of the captured graph and step giving the fusion plan to mark, or None."""
     from tag_core.errors import TagInputError
@@ -104,7 +142,8 @@ def _stored_fusion(args, model: str, graph_hash: str):
 def run(args) -> int:
     from tag_core.capture.models import resolve_model
     from tag_core.cluster.topology_json import load_topology
-    from tag_core.emit.emitter import emit_folder, plan_topology, read_plan
+    from tag_core.emit.emitter import emit, plan_topology, read_plan
+    from tag_core.emit.folder import write_emission
     from tag_core.errors import TagInputError
     from tag_core.search.strategy_files import is_strategy_file, read_plan_file
 
@@ -129,8 +168,15 @@ def run(args) -> int:
         check_plan(checked, chosen, spec.name, topology, where)
     if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):
         raise TagInputError("--batch-size", f"the plan is for a batch of {plan['batch_size']}, not {batch}")
-    emission = emit_folder(spec, out, topology, strategy=strategy, plan=plan, device_kind=args.device_kind,
-                           force=args.force, profiles=_profiles(args, spec.name), fusion=_fusion(args, spec.name))
+    profiles = _profiles(args, spec.name)
+    emission = emit(spec, topology, chosen if plan is not None else strategy, args.device_kind, plan=plan,
+                    profiles=profiles, fusion=_fusion(args, spec.name))
+    if args.fusion is not None:
+        predicted = {"iteration_time_s": None, "why": "emitted with a fusion plan, which the prediction does not "
+                                                      "cost; emit without --fusion to record one"}
+    else:
+        predicted = prediction(emission, profiles, *_communication(args, topology))
+    write_emission(emission, out, force=args.force, prediction=predicted)
     summary = emission.summary()
     if args.json:
         print_json({**summary, "out": str(out), "notes": emission.notes})

@@ -21,8 +21,10 @@ from .emission import Emission
 EXACT_VALUES_LIMIT = 64 * 2**20  # initial values up to this size are stored exactly
 
 
-def write_emission(emission: Emission, out: str | Path, force: bool = False) -> Path:
-    """Write the emission folder atomically; an existing `out` needs `force`."""
+def write_emission(emission: Emission, out: str | Path, force: bool = False,
+                   prediction: dict[str, Any] | None = None) -> Path:
+    """Write the emission folder atomically; an existing `out` needs `force`. `prediction` (the simulated
+    step time of the emitted strategy, as `tag emit` makes it) goes into plan.json for `tag run --measure`."""
     from google.protobuf import text_format
 
     from tag_core.capture.steps import save_step
@@ -47,8 +49,10 @@ def write_emission(emission: Emission, out: str | Path, force: bool = False) -> 
         if exact:
             np.savez(work / "initial_values.npz", **{f"v{i}": emission.initial_values[v.name]
                                                       for i, v in enumerate(emission.reference.variables)})
-        (work / "plan.json").write_text(json.dumps(plan_json(emission, meta.name, exact, statistics, partition),
-                                                   indent=1))
+        plan = plan_json(emission, meta.name, exact, statistics, partition)
+        if prediction is not None:
+            plan["prediction"] = prediction
+        (work / "plan.json").write_text(json.dumps(plan, indent=1))
         (work / "README.txt").write_text(readme(emission))
         _swap_in(work, out)
     except BaseException:
