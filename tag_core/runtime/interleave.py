@@ -1,0 +1,225 @@
+"""Measure several emitted graphs of one topology interleaved, on one pinned local cluster.
+
+Strategies timed one after another each see the machine at another moment: on a machine shared with
+other work, a change of load between two runs reorders them. `measure_interleaved` starts one pinned
+single-core server process per task (tag_core.runtime.local_cluster) and a child process (this
+module's `main`) with one session per graph on task 0. After every graph's variables are initialised
+and its `warmup` untimed steps run, it goes round: in each round every graph (in a rotated order) runs
+one untimed step, since switching graphs leaves cold caches, then its share of the timed steps. Each
+graph's timing is the median and interquartile range over all of its timed steps.
+
+The graphs share the servers, so each one's collective keys are moved to a range of its own, and its
+variables live in a resource container of its own. The parent kills the child at the deadline; every
+process is gone when `measure_interleaved` returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tag_core.errors import TagInputError
+
+from .measure import StepTiming
+
+KEY_STRIDE = 1_000_000  # collective group and instance keys of graph k start at k * KEY_STRIDE
+STARTUP_S = 120.0  # TF import and registering every graph
+
+
+@dataclass
+class Interleaved:
+    """One graph's outcome: its timed steps, or the error that dropped it."""
+
+    folder: Path
+    seconds: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def timing(self) -> StepTiming | None:
+        return StepTiming(tuple(self.seconds)) if self.seconds and self.error is None else None
+
+
+def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: int, timeout: float = 600.0,
+                        echo: Callable[[str], None] | None = None) -> list[Interleaved]:
+    """Time `steps` steps of each emission folder, interleaved over `rounds` rounds (see the module docstring)."""
+    from .local_cluster import ServerStartError, child_env, local_cluster
+    from .supervisor import _kill, _pump, check_folder, pinned_problem
+
+    echo = echo or (lambda line: None)
+    outcomes = [Interleaved(Path(f)) for f in folders]
+    metas = [check_folder(f)["emission"] for f in folders]
+    tasks = {len(m["tasks"]) for m in metas}
+    if len(tasks) != 1:
+        raise TagInputError("folders", f"interleaved graphs must share their tasks; these have {sorted(tasks)}")
+    problem = pinned_problem(metas[0])
+    if problem:
+        raise TagInputError("folders", f"the graphs cannot run as one pinned process per task: {problem}")
+    command = [sys.executable, "-m", "tag_core.runtime.interleave", "--steps", str(steps), "--warmup", str(warmup),
+               "--rounds", str(rounds), "--timeout", str(timeout), *map(str, folders)]
+    try:
+        with local_cluster(tasks.pop(), where="folders") as cluster:
+            child = subprocess.Popen(command + ["--target", cluster.target(0)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=child_env(threads=None),
+                                     start_new_session=True)
+            events: queue.Queue = queue.Queue()
+            stderr_tail: deque = deque(maxlen=40)
+            threading.Thread(target=_pump, args=(child.stdout, events.put), daemon=True).start()
+            threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
+            deadline = time.monotonic() + timeout + STARTUP_S
+            try:
+                finished = _follow(events, outcomes, deadline, echo)
+            finally:
+                _kill(child)
+    except ServerStartError as exc:
+        finished, stderr_tail = f"the local TF servers did not start: {exc}", deque()
+    if finished is not True:
+        detail = " | ".join(x for x in stderr_tail if x.strip() and "oneDNN" not in x)[-600:]
+        message = finished or f"the measuring process ended early: {detail or 'no output'}"
+        for outcome in outcomes:
+            if outcome.error is None:
+                outcome.error = message
+    return outcomes
+
+
+def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float,
+            echo: Callable[[str], None]) -> bool | str | None:
+    """Read the child's events into `outcomes`: True when it finished, else why not (None: it just ended)."""
+    from .supervisor import _parse
+
+    while True:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return "the interleaved measurement did not finish in time; it was stopped"
+        try:
+            line = events.get(timeout=min(wait, 1.0))
+        except queue.Empty:
+            continue
+        if line is None:
+            return None
+        event = _parse(line)
+        if event is None:
+            continue
+        kind = event["event"]
+        if kind == "input_error":
+            raise TagInputError(event["where"], event["message"])
+        if kind == "step":
+            outcomes[event["graph"]].seconds.append(event["seconds"])
+        elif kind == "error":
+            outcomes[event["graph"]].error = event["message"]
+            echo(f"{outcomes[event['graph']].folder.name}: {event['message']}")
+        elif kind == "round":
+            echo(f"round {event['round'] + 1} of {event['rounds']}")
+        elif kind == "ready":
+            echo(f"{outcomes[event['graph']].folder.name}: initialised")
+        elif kind == "done":
+            return True
+
+
+# ---------------------------------------------------------------- the measuring process
+
+
+def separate(graph_def, index: int) -> None:
+    """Give graph `index` collective keys and a variable container of its own (it shares the servers)."""
+    import tensorflow as tf
+
+    nodes = {node.name: node for node in graph_def.node}
+    offset = (index + 1) * KEY_STRIDE
+    moved: set[str] = set()
+    for node in graph_def.node:
+        if node.op.startswith("Collective") and len(node.input) >= 4:
+            for position in (2, 3):  # CollectiveReduceV2: input, group_size, group_key, instance_key
+                const = nodes[node.input[position].split(":")[0]]
+                if const.name not in moved:
+                    value = tf.make_ndarray(const.attr["value"].tensor)
+                    const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value + offset))
+                    moved.add(const.name)
+        if node.op == "VarHandleOp":
+            node.attr["container"].s = f"tag_interleaved_{index}".encode()
+
+
+def run(args) -> int:
+    import tensorflow as tf
+
+    from tag_core.capture.trace import synthetic_batch
+
+    from .worker import Distributed, _headline, _load_graph_def, _spec_like, initial_values, report
+
+    graphs: list[tuple[int, Any, dict, dict] | None] = []
+    deadline = time.monotonic() + args.timeout
+
+    def options():
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            raise tf.errors.DeadlineExceededError(None, None, "the run's time is up")
+        return tf.compat.v1.RunOptions(timeout_in_ms=remaining_ms)
+
+    for k, folder in enumerate(map(Path, args.folders)):
+        plan = json.loads((folder / "plan.json").read_text())
+        meta = plan["emission"]
+        graph_def = _load_graph_def(folder, meta, args.timeout, meta["device_kind"] == "gpu")
+        separate(graph_def, k)
+        try:
+            distributed = Distributed(graph_def, meta, args.target, soft=False)
+            distributed.initialise(initial_values(folder, meta), options())
+            for step in range(args.warmup):
+                distributed.step(synthetic_batch(_spec_like(meta), plan["batch_size"], seed=step), options())
+        except tf.errors.OpError as exc:
+            report("error", graph=k, message=f"{type(exc).__name__}: {_headline(str(exc))}")
+            graphs.append(None)
+            continue
+        graphs.append((k, distributed, plan, meta))
+        report("ready", graph=k)
+    per_round = math.ceil(args.steps / args.rounds)
+    left = {k: args.steps for k in range(len(graphs))}
+    for r in range(args.rounds):
+        report("round", round=r, rounds=args.rounds)
+        live = [g for g in graphs if g is not None]
+        shift = r % max(len(live), 1)
+        for k, distributed, plan, meta in live[shift:] + live[:shift]:  # rotated: no graph always runs first
+            spec = _spec_like(meta)
+            try:
+                for i in range(1 + min(per_round, left[k])):  # the first step after a switch is untimed
+                    batch = synthetic_batch(spec, plan["batch_size"], seed=args.warmup + r * (per_round + 1) + i)
+                    start = time.perf_counter()
+                    distributed.step(batch, options())
+                    seconds = time.perf_counter() - start
+                    if i:
+                        left[k] -= 1
+                        report("step", graph=k, round=r, seconds=seconds)
+            except tf.errors.OpError as exc:
+                report("error", graph=k, message=f"{type(exc).__name__}: {_headline(str(exc))}")
+                graphs[k] = None
+    report("done")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .worker import FolderError, _exit_with_parent, report
+
+    parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.interleave")
+    parser.add_argument("folders", nargs="+")
+    parser.add_argument("--target", required=True, help="grpc://host:port of task 0")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    _exit_with_parent()
+    try:
+        return run(parser.parse_args(argv))
+    except FolderError as exc:
+        report("input_error", where="DIR", message=str(exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

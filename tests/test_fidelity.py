@@ -1,0 +1,214 @@
+"""Measured steps: `tag run --measure`, the pinned local mode, interleaved measurement and `tag fidelity`.
+
+Every run happens in child processes under a deadline; tests that run graphs carry a pytest timeout too.
+No assertion is made on how fast anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tag_core import store
+from tag_core.capture import resolve_model
+from tag_core.cli import main
+from tag_core.cluster import parse_topology
+from tag_core.emit import emit, write_emission
+from tag_core.runtime import run_emitted
+from tag_core.runtime.local_cluster import pinnable_cores
+from tag_core.runtime.measure import StepTiming, average_ranks, median_abs_error, spearman, tag_against_best
+
+MLP = "mlp[features=12,hidden=16]"
+BATCH = 8
+LOCAL2 = {"name": "local-2", "inter_gbps": 5.0,
+          "machines": [{"name": f"task{k}", "gpu": "cpu", "count": 1, "intra_gbps": 5.0} for k in range(2)]}
+two_cores = pytest.mark.skipif(len(pinnable_cores()) < 2, reason="pinned tasks need a core each")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def local2(tmp_path):
+    path = tmp_path / "local2.json"
+    path.write_text(json.dumps(LOCAL2))
+    return path
+
+
+def _one_line_error(capsys, where: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tag: error: {where}") and "\n" not in err, err
+    return err
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_average_ranks_share_ties():
+    assert average_ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    assert average_ranks([5.0, 5.0, 5.0]) == [2.0, 2.0, 2.0]
+    assert average_ranks([]) == []
+
+
+def test_spearman_against_known_rankings():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # Ties: ranks [1, 2.5, 2.5, 4] against [1, 2, 3, 4] give 4.5 / sqrt(4.5 * 5).
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+    # The textbook example (IQ against hours of TV): rho = -29/165.
+    iq = [106, 86, 100, 101, 99, 103, 97, 113, 112, 110]
+    tv = [7, 0, 27, 50, 28, 29, 20, 12, 6, 17]
+    assert spearman(iq, tv) == pytest.approx(-29 / 165)
+    assert spearman([1, 2, 3], [7, 7, 7]) is None  # one side all tied: undefined
+    assert spearman([1], [2]) is None
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1])
+
+
+def test_step_timing_median_and_interquartile_range():
+    timing = StepTiming((0.004, 0.001, 0.002, 0.003, 0.100))
+    assert timing.median_s == pytest.approx(0.003)
+    assert timing.spread_s == pytest.approx(0.004 - 0.002)  # one slow step moves neither
+    assert timing.to_dict()["steps"] == 5
+    assert median_abs_error([(1.0, 2.0), (3.0, 2.0), (2.0, 2.0)]) == pytest.approx(0.5)
+    assert median_abs_error([]) is None
+
+
+def test_tag_against_the_best_alternative_within_the_noise():
+    rows = [{"strategy": "single", "measured_s": 1.0, "spread_s": 0.1},
+            {"strategy": "dp-nccl", "measured_s": 2.0, "spread_s": 0.5},
+            {"strategy": "tag", "measured_s": 1.05, "spread_s": 0.2}]
+    verdict = tag_against_best(rows)
+    assert verdict["best_alternative"] == "single" and verdict["no_slower_within_noise"]
+    assert verdict["noise_s"] == pytest.approx(0.2)
+    rows[2]["measured_s"] = 1.5
+    assert not tag_against_best(rows)["no_slower_within_noise"]
+    assert tag_against_best(rows[:2]) is None
+
+
+# ---------------------------------------------------------------- the pinned mode and tag run --measure
+
+
+@two_cores
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pinned_mode_runs_one_process_per_task_and_leaves_none(tmp_path):
+    emission = emit(resolve_model(MLP, BATCH), parse_topology(LOCAL2), "allreduce", "cpu")
+    out = write_emission(emission, tmp_path / "emitted")
+    lines: list[str] = []
+    result = run_emitted(out, steps=2, check=True, timeout=120, echo=lines.append)
+    assert result.ok, "\n".join(lines)
+    assert result.servers == "pinned"
+    assert len(result.server_pids) == 2 and len(set(result.server_pids)) == 2 and os.getpid() not in result.server_pids
+    assert sorted(result.server_cores) == sorted(pinnable_cores()[:2])
+    assert lines[0].startswith("started 2 pinned single-core TF server processes")
+    assert "pinned single-core local TF servers" in lines[1]
+    assert all(step["passed"] for step in result.steps)  # --check works in this mode too
+    deadline = time.monotonic() + 20  # stopped (and reaped) before run_emitted returned; allow the kernel a moment
+    while any(_alive(pid) for pid in result.server_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in result.server_pids)
+    shared = run_emitted(out, steps=1, timeout=120, servers="shared")  # the in-process servers stay available
+    assert shared.ok and shared.servers == "shared" and not shared.server_pids
+
+
+@two_cores
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_measure_stores_the_step_time_beside_the_prediction(tmp_path, local2, capsys):
+    out = tmp_path / "emitted"
+    assert main(["emit", MLP, "--topology", str(local2), "--strategy", "dp-nccl", "--device-kind", "cpu",
+                 "--batch-size", str(BATCH), "--out", str(out)]) == 0
+    prediction = json.loads((out / "plan.json").read_text())["prediction"]
+    assert prediction["iteration_time_s"] > 0 and prediction["calibration"] is None
+    assert "no calibration" in prediction["uncalibrated_because"] or "no store" in prediction["uncalibrated_because"]
+    capsys.readouterr()
+    assert main(["run", str(out), "--measure", "--steps", "4", "--warmup", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["servers"] == "pinned" and len(report["steps"]) == 5
+    assert report["steps"][0]["warmup"] and not any(s.get("warmup") for s in report["steps"][1:])
+    with store.connect(read_only=True) as conn:
+        rows = store.load_measured_steps(conn, model=resolve_model(MLP).name)
+    assert len(rows) == 1
+    row = rows.iloc[0]
+    assert row.strategy == "dp-nccl" and row.topology == "local-2" and row.steps == 4 and row.batch_size == BATCH
+    assert row.measured_s > 0 and row.spread_s >= 0
+    assert row.predicted_s == pytest.approx(prediction["iteration_time_s"])
+    assert row.topology_hash == parse_topology(LOCAL2).content_hash() and row.host
+    assert report["measurement"]["median_s"] == pytest.approx(row.measured_s)
+
+
+def test_run_measure_bad_input_exits_2_and_writes_nothing(tmp_path, tag_home, capsys):
+    (tmp_path / "not_emitted").mkdir()
+    assert main(["run", str(tmp_path / "not_emitted"), "--measure"]) == 2
+    assert "tag emit" in _one_line_error(capsys, "DIR: ")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(tmp_path / "not_emitted"), "--measure", "--steps", "0"])
+    assert exc.value.code == 2
+    _one_line_error(capsys, "argument --steps: ")
+    assert main(["run", str(tmp_path / "not_emitted"), "--measure", "--check"]) == 2
+    _one_line_error(capsys, "--check: ")
+    assert main(["run", str(tmp_path / "not_emitted"), "--warmup", "2"]) == 2
+    _one_line_error(capsys, "--warmup: ")
+    assert not tag_home.exists() or not any(tag_home.iterdir())
+
+
+# ---------------------------------------------------------------- tag fidelity
+
+
+def test_fidelity_bad_input_exits_2_and_writes_nothing(tmp_path, tag_home, local2, capsys):
+    for argv, where in [(["--strategies", "single,warp-drive"], "argument --strategies: "),
+                        (["--strategies", ","], "argument --strategies: "),
+                        (["--steps", "0"], "argument --steps: "),
+                        (["--rounds", "0"], "argument --rounds: ")]:
+        with pytest.raises(SystemExit) as exc:
+            main(["fidelity", MLP, "--topology", str(local2), *argv])
+        assert exc.value.code == 2
+        err = _one_line_error(capsys, where)
+        if "warp-drive" in argv[1]:
+            assert "'warp-drive'" in err and "model_parallel" in err and "tag" in err
+    gpu = tmp_path / "gpus.json"
+    gpu.write_text(json.dumps({"name": "g", "inter_gbps": 10, "machines": [{"name": "a", "gpu": "V100-32GB",
+                                                                           "count": 2, "intra_gbps": 100}]}))
+    assert main(["fidelity", MLP, "--topology", str(gpu)]) == 2
+    _one_line_error(capsys, "--topology: ")
+    assert main(["fidelity", MLP, "--topology", str(tmp_path / "missing.json")]) == 2
+    _one_line_error(capsys, "--topology")
+    assert main(["fidelity", "no_such_model", "--topology", str(local2)]) == 2
+    _one_line_error(capsys, "model: ")
+    assert not tag_home.exists() or not any(tag_home.iterdir())
+
+
+def test_fidelity_strategy_names_are_canonical():
+    from tag_core.cli.fidelity import DEFAULT_STRATEGIES, strategy_list
+
+    assert strategy_list("DP_NCCL, model-parallel,tag,dp-nccl,PS") == ["dp-nccl", "model_parallel", "tag", "ps"]
+    assert strategy_list(",".join(DEFAULT_STRATEGIES)) == list(DEFAULT_STRATEGIES)
+    assert len(DEFAULT_STRATEGIES) >= 8
+
+
+@two_cores
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
+    assert main(["fidelity", MLP, "--topology", str(local2), "--strategies", "single,duplicate", "--batch-size",
+                 str(BATCH), "--steps", "4", "--warmup", "1", "--rounds", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert [r["strategy"] for r in report["rows"]] == ["single", "duplicate"]
+    for row in report["rows"]:
+        assert row["predicted_s"] > 0 and row["measured_s"] > 0 and row["spread_s"] >= 0 and row["steps"] == 4
+    assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
+    assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
+    assert "[2/2] duplicate: emitting" in captured.err and "measuring 2 strategies interleaved" in captured.err
+    with store.connect(read_only=True) as conn:
+        rows = store.load_measured_steps(conn, topology="local-2")
+    assert sorted(rows.strategy) == ["duplicate", "single"] and (rows.measured_s > 0).all()
