@@ -82,7 +82,7 @@ def prediction(emission, profiles, comm, uncalibrated: str | None) -> dict:
     return {"iteration_time_s": float(result.iteration_time_s), "oom": bool(result.oom),
             "calibration": comm.calibration_hash, "uncalibrated_because": uncalibrated,
             "profiled_types": sim.compute.profiled_types, "batch_size": sim.batch,
-            "comm_s": {k: float(v) for k, v in result.comm_s.items()},
+            "busy_s": [float(b) for b in result.busy_s], "comm_s": {k: float(v) for k, v in result.comm_s.items()},
             **({"sfb_left_out": left_out} if left_out else {})}
 
 

@@ -208,8 +208,32 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
         _say(f"{label}: {row['error']}")
         return row, None
     row["predicted_s"] = predicted["iteration_time_s"]
+    row["terms"] = {"busy_s": max(predicted["busy_s"]), **{k: v for k, v in predicted["comm_s"].items() if v}}
+    row["emitted"] = graph_facts(emission.emitted.graph_def)
     _say(f"{label}: predicted {row['predicted_s'] * 1e3:.2f} ms")
     return row, folder
+
+
+def graph_facts(graph_def) -> dict:
+    """What the runtime sees of an emitted step: ops per task, tensors and control edges that cross tasks
+    (each a send/recv pair), collective ops."""
+    device = {node.name: node.device for node in graph_def.node}
+
+    def task(name: str) -> str:
+        return device[name].split("/task:")[1].split("/")[0] if "/task:" in device[name] else "?"
+
+    ops: dict[str, int] = {}
+    data, control = set(), set()
+    for node in graph_def.node:
+        ops[task(node.name)] = ops.get(task(node.name), 0) + 1
+        for name in node.input:
+            source = name.lstrip("^").split(":")[0]
+            if source in device and task(source) != task(node.name):
+                # Counted once per (source, receiving task): the most send/recv pairs TF may fold them into.
+                (control if name.startswith("^") else data).add((name.lstrip("^"), task(node.name)))
+    return {"ops_per_task": dict(sorted(ops.items())), "cross_task_tensors": len(data),
+            "cross_task_control_edges": len(control),
+            "collectives": sum(node.op.startswith("Collective") for node in graph_def.node)}
 
 
 def _measure(args, rows: list[dict], folders: dict[str, Path]) -> None:
