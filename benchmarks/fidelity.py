@@ -1,0 +1,272 @@
+"""Distributed fidelity: predicted against measured step times on the local cluster of `tag calibrate --local N`.
+
+    python benchmarks/fidelity.py [--tasks N] [--models mlp,small_cnn,transformer] [--steps 30] [--rounds 5]
+
+1. `tag calibrate --local N --out local.json` (N: --tasks, default every core this process may use, at least 2):
+   N pinned single-core TF servers on 127.0.0.1, their transfers, collectives and fixed costs.
+2. Per model, in a process of its own (wall time and peak RSS): `tag fidelity MODEL --topology local.json
+   --batch-size B --json`: single, dp-nccl, dp-nccl-p, horovod, ps, model_parallel, duplicate, a METIS mix and
+   a fresh TAG plan, each predicted with the calibration applied, emitted, and measured interleaved with the
+   others on one pinned cluster (median of the timed steps; noise = their interquartile range).
+3. Probes of the runtime on a fresh pinned cluster, for the terms the fidelity rows point at: a step's launch
+   on task 0 (where the master and the client's feeds are) against one on another task, and K independent
+   all-reduces or transfers in one step against the K-fold cost the simulator charges (one at a time).
+
+Writes benchmarks/fidelity_distributed.json and benchmarks/fidelity_distributed.md (not fidelity.json:
+benchmarks/simulator.py owns that). $TAG_HOME defaults to a fresh temporary folder.
+Targets (issue 20): Spearman >= 0.8 for every model, median |error| <= 20%, TAG no slower than the fastest
+measured alternative within the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TAG = str(Path(sys.executable).parent / "tag")
+MODELS = {  # the small sizes that fit this machine; the transformer's layers=1 is one encoder and one decoder block
+    "mlp": ("mlp", 128),
+    "small_cnn": ("small_cnn", 32),
+    "transformer": ("transformer[layers=1,d_model=64,heads=4,ff=128,vocab=1000,seq_len=16]", 32),
+}
+# Runs `argv` as a child and prints its wall time and the peak RSS of the largest process below it.
+WRAPPER = ("import json,resource,subprocess,sys,time;t=time.perf_counter();"
+           "c=subprocess.run(sys.argv[1:],capture_output=True,text=True);"
+           "print(json.dumps({'rc':c.returncode,'wall_s':time.perf_counter()-t,'out':c.stdout,'err':c.stderr[-4000:],"
+           "'peak_rss_mib':resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024}))")
+
+
+def wrapped(argv: list[str], env: dict) -> dict:
+    result = subprocess.run([sys.executable, "-c", WRAPPER, *argv], env=env, capture_output=True, text=True)
+    return json.loads(result.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=max(2, len(os.sched_getaffinity(0))))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-probes", action="store_true")
+    parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)  # runs the probes, prints JSON
+    args = parser.parse_args()
+    if args.probe_child:
+        print(json.dumps(probes()))
+        return
+    home = os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix="tag-fidelity-bench-")
+    Path(home).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TAG_HOME": home}
+    topology = Path(home) / f"local-{args.tasks}.json"
+    say(f"calibrating {args.tasks} local tasks (TAG_HOME={home})")
+    calibration = wrapped([TAG, "calibrate", "--local", str(args.tasks), "--out", str(topology), "--quiet", "--json"],
+                          env)
+    if calibration["rc"] != 0:
+        raise SystemExit(f"tag calibrate failed:\n{calibration['err']}")
+    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
+                         "shared with other jobs", "tasks": args.tasks, "steps": args.steps, "rounds": args.rounds,
+              "calibration": {**json.loads(calibration["out"]), "wall_s": calibration["wall_s"],
+                              "peak_rss_mib": calibration["peak_rss_mib"]},
+              "models": []}
+    for key in args.models.split(","):
+        reference, batch = MODELS[key]
+        say(f"{key}: tag fidelity {reference} --batch-size {batch}")
+        load = os.getloadavg()[0]
+        run = wrapped([TAG, "fidelity", reference, "--topology", str(topology), "--batch-size", str(batch),
+                       "--steps", str(args.steps), "--rounds", str(args.rounds), "--json"], env)
+        if not run["out"].strip():
+            raise SystemExit(f"tag fidelity {reference} failed:\n{run['err']}")
+        fidelity = json.loads(run["out"])
+        report["models"].append({"key": key, "reference": reference, "batch_size": batch, "rc": run["rc"],
+                                 "wall_s": run["wall_s"], "peak_rss_mib": run["peak_rss_mib"],
+                                 "load_before": load, "load_after": os.getloadavg()[0], **fidelity})
+        say(f"{key}: Spearman {fidelity['spearman']}, median |error| {fidelity['median_abs_error']}")
+    if not args.no_probes:
+        say("probing the runtime")
+        probe = subprocess.run([sys.executable, __file__, "--probe-child"], env=env, capture_output=True, text=True)
+        report["probes"] = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
+    (HERE / "fidelity_distributed.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (HERE / "fidelity_distributed.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def say(text: str) -> None:
+    print(f"fidelity benchmark: {text}", file=sys.stderr, flush=True)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def markdown(report: dict) -> str:
+    c = report["calibration"]
+    lines = ["# Distributed fidelity: predicted against measured step times", "",
+             f"Written by `python benchmarks/fidelity.py` (raw figures in `benchmarks/fidelity_distributed.json`). "
+             f"Machine: {report['machine']}. Cluster: `tag calibrate --local {report['tasks']}` ({report['tasks']} "
+             f"TF server processes on 127.0.0.1, each pinned to its own core with one thread), calibration "
+             f"{c['calibration_hash']} in {c['wall_s']:.0f} s (peak RSS {c['peak_rss_mib']:.0f} MiB).",
+             "",
+             f"Each model: `tag fidelity MODEL --topology local-{report['tasks']}.json --batch-size B --steps "
+             f"{report['steps']} --rounds {report['rounds']}`. Predicted: the simulator with the calibration applied "
+             f"(recorded by `tag emit` in plan.json). Measured: the median of {report['steps']} timed steps after 3 "
+             f"warm-up steps, the strategies interleaved over {report['rounds']} rounds on one pinned cluster so that "
+             f"load changes hit them alike. Noise: the interquartile range (IQR) of the timed steps. Error: "
+             f"(predicted - measured) / measured. TAG verdict: the TAG plan's median against the fastest other "
+             f"strategy's, within the larger of the two IQRs. Targets (issue 20): Spearman >= 0.8, median |error| "
+             f"<= 20%.", "",
+             "| model | batch | strategies | Spearman | median abs error | TAG vs fastest alternative | wall s | "
+             "peak RSS MiB | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for m in report["models"]:
+        rho = "undefined" if m["spearman"] is None else f"{m['spearman']:.2f}"
+        error = "-" if m["median_abs_error"] is None else f"{m['median_abs_error']:.0%}"
+        verdict = m.get("tag_against_best")
+        tag = "-" if not verdict else (
+            f"{'no slower' if verdict['no_slower_within_noise'] else 'SLOWER'}: {_ms(verdict['tag_s'])} against "
+            f"{verdict['best_alternative']} {_ms(verdict['best_s'])} ms (noise {_ms(verdict['noise_s'])} ms)")
+        measured = sum(r["measured_s"] is not None for r in m["rows"])
+        lines.append(f"| {m['reference']} | {m['batch_size']} | {measured} of {len(m['rows'])} | {rho} | {error} | "
+                     f"{tag} | {m['wall_s']:.0f} | {m['peak_rss_mib']:.0f} | {m['load_before']:.1f} -> "
+                     f"{m['load_after']:.1f} |")
+    for m in report["models"]:
+        lines += ["", f"## {m['reference']}, batch {m['batch_size']}", "",
+                  "Terms: the prediction's busiest device (compute) and its communication by kind (ms, charged one "
+                  "at a time per link); emitted: ops per task, tensors and control edges crossing tasks, "
+                  "collective ops.", "",
+                  "| strategy | predicted ms | measured ms | IQR ms | error | terms (ms) | emitted |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in m["rows"]:
+            terms = ", ".join(f"{k.replace('_s', '')} {v * 1e3:.2f}" for k, v in (r.get("terms") or {}).items())
+            e = r.get("emitted") or {}
+            emitted = (f"ops {e['ops_per_task']}, {e['cross_task_tensors']} tensors + {e['cross_task_control_edges']} "
+                       f"control edges across, {e['collectives']} collectives") if e else "-"
+            error = f"{r['relative_error']:+.0%}" if r.get("relative_error") is not None else r.get("error", "-")
+            lines.append(f"| {r['strategy']} | {_ms(r['predicted_s'])} | {_ms(r['measured_s'])} | "
+                         f"{_ms(r['spread_s'])} | {error} | {terms} | {emitted} |")
+    lines += ["", *calibration_lines(c), *probe_lines(report.get("probes"))]
+    return "\n".join(lines) + "\n"
+
+
+def calibration_lines(c: dict) -> list[str]:
+    o = c["overheads"]
+    lines = ["## The calibration's terms", "",
+             f"Overheads: per op {o['per_op_s'] * 1e6:.2f} us, per step {o['per_step_s'] * 1e3:.3f} ms, per send/recv "
+             f"pair {o['per_transfer_s'] * 1e3:.3f} ms.", "", "| fit | latency ms | Gbit/s |", "|---|---|---|"]
+    for link, fit in c["links"].items():
+        lines.append(f"| p2p {link} | {fit['latency_s'] * 1e3:.3f} | {fit['gbps']:.3g} |")
+    for kind, by_link in c["collectives"].items():
+        for link, sizes in by_link.items():
+            for size, fit in sizes.items():
+                lines.append(f"| {kind} {link} x{size} | {fit['latency_s'] * 1e3:.3f} | {fit['gbps']:.3g} |")
+    steps = [r for r in c.get("measured", []) if r["kind"] == "step"]
+    if steps:
+        lines += ["", "Measured step launches: " + ", ".join(
+            f"{r['group_size']} task(s) {r['median_s'] * 1e3:.3f} ms" for r in steps) + "."]
+    return lines
+
+
+def probe_lines(probes: dict | None) -> list[str]:
+    if not probes:
+        return []
+    if "error" in probes:
+        return ["", "## Probes", "", f"The probes failed: {probes['error'][-500:]}"]
+    lines = ["", "## Probes of the runtime", "",
+             "Medians over 60 runs on a fresh pinned cluster; each step's inputs are made where they are used "
+             "(no feeds) unless it says 'fed'.", "", "| probe | median ms | IQR ms |", "|---|---|---|"]
+    for p in probes["rows"]:
+        lines.append(f"| {p['label']} | {p['median_s'] * 1e3:.3f} | {p['iqr_s'] * 1e3:.3f} |")
+    return lines
+
+
+# ---------------------------------------------------------------- probes (run in a child process)
+
+PROBE_RUNS = 60
+KS = (1, 6, 24)
+
+
+def probes() -> dict:
+    """Step launches by task, and K independent all-reduces or transfers in one step, on 2 pinned tasks."""
+    sys.path.insert(0, str(HERE.parent))
+    import numpy as np
+    import tensorflow as tf
+
+    from tag_core.runtime.calibration_graphs import session_config
+    from tag_core.runtime.local_cluster import local_cluster
+
+    tf.compat.v1.disable_eager_execution()
+    devices = [f"/job:worker/task:{k}/device:CPU:0" for k in range(2)]
+    rows, instance = [], [0]
+
+    def timed(label: str, build) -> None:
+        graph = tf.Graph()
+        with graph.as_default():
+            fetch, feed = build()
+        session = tf.compat.v1.Session(cluster.target(0), graph=graph, config=session_config(60.0))
+        for _ in range(5):
+            session.run(fetch, feed)
+        times = []
+        for _ in range(PROBE_RUNS):
+            start = time.perf_counter()
+            session.run(fetch, feed)
+            times.append(time.perf_counter() - start)
+        session.close()
+        rows.append({"label": label, "median_s": float(np.median(times)),
+                     "iqr_s": float(np.percentile(times, 75) - np.percentile(times, 25))})
+
+    def fed_step(task: int):
+        def build():
+            with tf.device(devices[task]):
+                x = tf.compat.v1.placeholder(tf.float32, [4])
+                return tf.reduce_sum(x * 2.0), {x: np.ones(4, np.float32)}
+        return build
+
+    def both():
+        outs = []
+        for device in devices:
+            with tf.device(device):
+                outs.append(tf.reduce_sum(tf.random.uniform([4])))
+        return outs, None
+
+    def allreduces(k: int):
+        def build():
+            outs = []
+            for _ in range(k):
+                instance[0] += 1
+                for device in devices:
+                    with tf.device(device):
+                        outs.append(tf.raw_ops.CollectiveReduceV2(
+                            input=tf.random.uniform([1024]), group_size=tf.constant(2), group_key=tf.constant(1),
+                            instance_key=tf.constant(instance[0]), ordering_token=[], merge_op="Add", final_op="Id"))
+            with tf.device(devices[0]):
+                return tf.group(*outs), None
+        return build
+
+    def transfers(k: int, source: int):
+        def build():
+            with tf.device(devices[source]):
+                made = [tf.random.uniform([1024]) for _ in range(k)]
+            with tf.device(devices[0]):
+                return tf.add_n([tf.reduce_sum(tf.identity(x)) for x in made]), None
+        return build
+
+    with local_cluster(2) as cluster:
+        timed("step on task 0 (the master's), fed 4 floats, fetched", fed_step(0))
+        timed("step on task 1, fed 4 floats, fetched through task 0", fed_step(1))
+        timed("step with an op on each task, both fetched", both)
+        for k in KS:
+            timed(f"{k} independent 4 KB all-reduces over tasks 0 and 1", allreduces(k))
+        for k in KS:
+            timed(f"{k} independent 4 KB transfers task 1 -> task 0", transfers(k, 1))
+        timed(f"{KS[-1]} of the same 4 KB tensors made on task 0 (no transfer)", transfers(KS[-1], 0))
+    return {"rows": rows, "runs": PROBE_RUNS}
+
+
+if __name__ == "__main__":
+    main()
