@@ -256,7 +256,21 @@ def probes() -> dict:
                 return tf.add_n([tf.reduce_sum(tf.identity(x)) for x in made]), None
         return build
 
+    def fed_matmul():
+        with tf.device(devices[0]):
+            x = tf.compat.v1.placeholder(tf.float32, [128, 784])
+            return tf.reduce_sum(tf.matmul(x, tf.random.uniform([784, 256]))), {x: np.ones((128, 784), np.float32)}
+
     with local_cluster(2) as cluster:
+        timed("step on task 0 only: a 128 x 784 batch fed, one matmul", fed_matmul)
+        # The client that feeds and drives the step has no core of its own when every core runs a task.
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            os.sched_setaffinity(spinner.pid, {cluster.servers[1].core})
+            timed("the same while a process keeps task 1's core busy", fed_matmul)
+        finally:
+            spinner.kill()
+            spinner.wait()
         timed("step on task 0 (the master's), fed 4 floats, fetched", fed_step(0))
         timed("step on task 1, fed 4 floats, fetched through task 0", fed_step(1))
         timed("step with an op on each task, both fetched", both)

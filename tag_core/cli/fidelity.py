@@ -209,31 +209,37 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
         return row, None
     row["predicted_s"] = predicted["iteration_time_s"]
     row["terms"] = {"busy_s": max(predicted["busy_s"]), **{k: v for k, v in predicted["comm_s"].items() if v}}
-    row["emitted"] = graph_facts(emission.emitted.graph_def)
+    row["emitted"] = graph_facts(emission.emitted.graph_def, [emission.emitted.loss_tensor, emission.emitted.train_op])
     _say(f"{label}: predicted {row['predicted_s'] * 1e3:.2f} ms")
     return row, folder
 
 
-def graph_facts(graph_def) -> dict:
-    """What the runtime sees of an emitted step: ops per task, tensors and control edges that cross tasks
-    (each a send/recv pair), collective ops."""
-    device = {node.name: node.device for node in graph_def.node}
+def graph_facts(graph_def, fetches: list[str]) -> dict:
+    """What one training step (the ops `fetches` need, not the initialisation) makes the runtime do: ops per
+    task, tensors and control edges that cross tasks (each a send/recv pair at most), collective ops."""
+    nodes = {node.name: node for node in graph_def.node}
 
     def task(name: str) -> str:
-        return device[name].split("/task:")[1].split("/")[0] if "/task:" in device[name] else "?"
+        device = nodes[name].device
+        return device.split("/task:")[1].split("/")[0] if "/task:" in device else "?"
 
+    step, todo = set(), [f.split(":")[0] for f in fetches]
+    while todo:
+        name = todo.pop()
+        if name in nodes and name not in step:
+            step.add(name)
+            todo += [i.lstrip("^").split(":")[0] for i in nodes[name].input]
     ops: dict[str, int] = {}
     data, control = set(), set()
-    for node in graph_def.node:
-        ops[task(node.name)] = ops.get(task(node.name), 0) + 1
-        for name in node.input:
-            source = name.lstrip("^").split(":")[0]
-            if source in device and task(source) != task(node.name):
+    for name in step:
+        ops[task(name)] = ops.get(task(name), 0) + 1
+        for source in nodes[name].input:
+            if source.lstrip("^").split(":")[0] in step and task(source.lstrip("^").split(":")[0]) != task(name):
                 # Counted once per (source, receiving task): the most send/recv pairs TF may fold them into.
-                (control if name.startswith("^") else data).add((name.lstrip("^"), task(node.name)))
+                (control if source.startswith("^") else data).add((source.lstrip("^"), task(name)))
     return {"ops_per_task": dict(sorted(ops.items())), "cross_task_tensors": len(data),
             "cross_task_control_edges": len(control),
-            "collectives": sum(node.op.startswith("Collective") for node in graph_def.node)}
+            "collectives": sum(nodes[name].op.startswith("Collective") for name in step)}
 
 
 def _measure(args, rows: list[dict], folders: dict[str, Path]) -> None:
