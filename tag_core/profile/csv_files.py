@@ -14,7 +14,7 @@ from tag_core.errors import TagInputError
 from tag_core.limits import INT32_MAX
 
 REQUIRED = ["model", "op", "device_type", "batch_size", "run", "time_us"]
-OPTIONAL = ["host", "tf_version", "profiled_at"]
+OPTIONAL = ["host", "tf_version", "profiled_at", "overhead_us"]
 
 
 def read_profile_csv(path: str | Path) -> pd.DataFrame:
@@ -90,6 +90,18 @@ def _validated_row(record: dict, where: str) -> dict:
     if not math.isfinite(time_us) or time_us < 0:
         raise TagInputError(f"{where}.time_us", f"must be a finite number >= 0, got {record['time_us']!r}")
     row["time_us"] = time_us
+    # The executor's cost beyond the kernel (tag_core.profile.profiler); empty: not measured.
+    overhead = (record.get("overhead_us") or "").strip()
+    if overhead:
+        try:
+            value = float(overhead)
+        except ValueError:
+            raise TagInputError(f"{where}.overhead_us", f"must be a number or empty, got {overhead!r}")
+        if not math.isfinite(value):  # negative where tracing added more than the executor spent
+            raise TagInputError(f"{where}.overhead_us", f"must be a finite number or empty, got {overhead!r}")
+        row["overhead_us"] = value
+    else:
+        row["overhead_us"] = None
     row["host"] = record.get("host") or None
     row["tf_version"] = record.get("tf_version") or None
     stamp = record.get("profiled_at") or None

@@ -1,28 +1,49 @@
-"""Per-op compute times of a training step, from TF's own traces.
+"""Per-op compute times of a training step, from TF's own traces, taken the way the runtime runs the step.
 
-Each batch size's step runs in a v1 Session; after warm-up runs, each
-recorded run uses `RunOptions(trace_level=FULL_TRACE)` and the per-node times
-in `run_metadata.step_stats` become `op_profiles` rows. Ops run one at a
-time (inter-op parallelism 1) so that a time is the op's own, not shared,
-and Grappler is off so node names stay those of the OpGraph. An op that TF
-fuses into its consumer anyway (oneDNN's Conv2D+BiasAdd) is recorded at 0 µs
-and its consumer carries the fused kernel's time.
+Each batch size's step runs in a child process (tag_core.profile.timing) set up as a device of the
+runtime: pinned to one core with one intra-op and one inter-op thread (`threads`, as
+tag_core.runtime.local_cluster serves each device and as `tag run` runs a one-device graph here; 0 for
+TF's defaults, unpinned), Grappler on, one train target. After warm-up runs, each recorded run gives
+`op_profiles` rows:
+
+- `time_us`: the op's traced time (its kernel, and the nodes scoped under it: a variable handle, a
+  lowered loop's body). An op TF did not run (fed, folded by Grappler, fused into a neighbour) is 0 µs;
+  the neighbour carries the fused kernel's time.
+- `overhead_us`: what running the op costs the executor beyond that, which node stats leave out. The
+  untraced step less its launch (session.run of a trivial op) less the traced node times is the executor's
+  work around the kernels (dispatch, handing tensors on and freeing them, the constants and variable handles
+  the OpGraph leaves out), net of the tracer's own time inside them; it is spread over the OpGraph ops per
+  node each ran. 0 for ops TF did not run; negative where tracing added more than the executor spent.
+
+The step as a whole (untraced wall-clock time, traced sums, nodes run, dispatch and launch costs) goes to
+`profile_steps`, so a profile can be checked against the step it came from (benchmarks/fidelity_one_device.py).
+Measured here with one pinned thread: 0.7-1.6 µs a node beyond the traced kernels (mobilenet_v2 at 32
+pixels, batch 4: 7,805 nodes, about 10% of a 54 ms step), while a chain of trivial scalar ops dispatches at
+0.15-0.3 µs a node: the cost belongs to the real nodes, so it is measured on the step itself.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import socket
-from collections import defaultdict
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from tag_core import store
 from tag_core.capture.models.spec import ModelSpec
-from tag_core.capture.steps import ensure_captured, ensure_step_files, load_step
-from tag_core.capture.trace import INIT_SCOPE, TracedStep, synthetic_batch
+from tag_core.capture.steps import ensure_captured, ensure_step_files
+from tag_core.capture.trace import INIT_SCOPE, TracedStep
 from tag_core.errors import TagInputError
+
+RUNTIME_THREADS = 1  # a device of the local runtime: one core, one intra-op and one inter-op thread
 
 
 def detect_device_type() -> str:
@@ -54,55 +75,65 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
 
 
 def _session(step: TracedStep):
+    """A session on the step with Grappler off and ops one at a time (node names stay the OpGraph's). The
+    profiler itself times steps in tag_core.profile.timing; this is for callers that want a plain session."""
     import tensorflow as tf
 
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(step.graph_def, name="")
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
-    # Grappler would fuse and rename nodes; per-op times must match the OpGraph's ops.
     config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
     config.graph_options.rewrite_options.disable_meta_optimizer = True
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
-def _node_times(run_metadata) -> dict[str, float]:
-    """Microseconds per node; GPU kernel times (stream:all) win over host-side times."""
-    host, streams = defaultdict(float), defaultdict(float)
-    for device in run_metadata.step_stats.dev_stats:
-        target = streams if "stream:all" in device.device else host
-        if "stream:" in device.device and "stream:all" not in device.device:
-            continue
-        for node in device.node_stats:
-            name = node.node_name.split(":")[0]
-            target[name] += max(node.op_end_rel_micros - node.op_start_rel_micros, 0)
-    return {**host, **streams}
+def op_overheads(execs: np.ndarray, dispatch_us: float | None, other_kernel_us: float, other_nodes: int) -> np.ndarray:
+    """Each op's executor cost beyond its traced time, in µs: `dispatch_us` (the untraced step's time beyond
+    launch and traced node times, per node the executor ran) per node the op ran (`execs`), plus its share,
+    per node it ran, of the nodes outside the OpGraph (their traced time and their dispatch). The shares add
+    up to the whole: step - launch - traced OpGraph time. NaN everywhere when not measured (on a GPU)."""
+    execs = np.asarray(execs, dtype=np.float64)
+    if dispatch_us is None:
+        return np.full(len(execs), np.nan)
+    total = execs.sum()
+    shared = (other_kernel_us + other_nodes * dispatch_us) / total if total > 0 else 0.0
+    return execs * (dispatch_us + shared)
 
 
-def profile_step(step: TracedStep, spec: ModelSpec, op_names: list[str], runs: int, warmup: int, progress=None):
-    """Yield (run, op, time_us) for `runs` traced runs after `warmup` untraced ones."""
-    import tensorflow as tf
+def runtime_cores(threads: int | None) -> list[int] | None:
+    """The cores a profile pins to: the first `threads` this process may use (task 0 of a local cluster
+    is pinned to the first), or None (unpinned) for TF's default pools."""
+    if not threads:
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[:threads]
 
-    session = _session(step)
-    try:
-        initialise_randomly(session, step)
-        feed = dict(zip(step.input_tensors, synthetic_batch(spec, step.batch_size)))
-        fetches = [step.loss_tensor, step.train_ops]
-        for _ in range(warmup):
-            session.run(fetches, feed_dict=feed)
-        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        for run in range(runs):
-            metadata = tf.compat.v1.RunMetadata()
-            session.run(fetches, feed_dict=feed, options=options, run_metadata=metadata)
-            times = _node_times(metadata)
-            for name in op_names:
-                # Absent: fed (inputs) or fused into a consumer by TF's graph rewrites
-                # (oneDNN Conv2D+BiasAdd); the consumer's time then covers both.
-                yield run, name, float(times.get(name, 0.0))
-            if progress is not None:
+
+def _run_child(job: dict, progress=None) -> list[dict]:
+    """Run tag_core.profile.timing on `job`; its records, or RuntimeError with the end of its stderr."""
+    with tempfile.TemporaryDirectory(prefix="tag-profile-") as work:
+        job = {**job, "out": str(Path(work) / "runs.jsonl")}
+        job_file = Path(work) / "job.json"
+        job_file.write_text(json.dumps(job))
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds tag_core
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        child = subprocess.Popen([sys.executable, "-m", "tag_core.profile.timing", str(job_file)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        tail: deque = deque(maxlen=40)
+        import threading
+
+        reader = threading.Thread(target=lambda: [tail.append(line.rstrip()) for line in child.stderr], daemon=True)
+        reader.start()
+        for line in child.stdout:
+            if line.startswith('{"event": "run"') and progress is not None:
                 progress.update(1)
-    finally:
-        session.close()
+        code = child.wait()
+        reader.join(timeout=5)
+        if code != 0:
+            raise RuntimeError(f"profiling failed (exit {code}):\n" + "\n".join(tail))
+        return [json.loads(line) for line in Path(job["out"]).read_text().splitlines() if line]
 
 
 def profile_model(
@@ -112,8 +143,9 @@ def profile_model(
     runs: int = 5,
     warmup: int = 2,
     show_progress: bool = True,
+    threads: int | None = RUNTIME_THREADS,
 ) -> pd.DataFrame:
-    """Profile every op of `spec` at each batch size; store and return the rows."""
+    """Profile every op of `spec` at each batch size; store the rows (and the steps) and return the rows."""
     import tensorflow as tf
     from tqdm import tqdm
 
@@ -123,19 +155,36 @@ def profile_model(
         raise TagInputError("runs", f"must be a positive integer, got {runs!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise TagInputError("warmup", f"must be a non-negative integer, got {warmup!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 0):
+        raise TagInputError("threads", f"must be a non-negative integer or None, got {threads!r}")
     graph = ensure_captured(conn, spec)
     op_names = [op.name for op in graph.ops]
     device_type = detect_device_type()
     host, version = socket.gethostname(), tf.__version__
     step_files = ensure_step_files(spec, batch_sizes, sum(v.bytes for v in graph.variables))
-    rows = []
+    inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype, "max_value": i.max_value}
+              for i in [*spec.inputs, spec.label]]
+    job = {"steps": [(b, str(step_files[b])) for b in batch_sizes], "op_names": op_names, "inputs": inputs,
+           "runs": runs, "warmup": warmup, "threads": threads or 0, "cores": runtime_cores(threads)}
     with tqdm(total=len(batch_sizes) * runs, desc=f"profile {spec.name}", unit="run", disable=not show_progress) as bar:
-        for batch in batch_sizes:
-            bar.set_postfix(batch=batch)
-            for run, op, micros in profile_step(load_step(step_files[batch]), spec, op_names, runs, warmup, bar):
-                rows.append((spec.name, op, device_type, batch, run, micros))
-    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-    frame = pd.DataFrame(rows, columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        records = _run_child(job, bar)
+    now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    frames, steps = [], []
+    for r in records:
+        overhead = op_overheads(np.array(r["execs"]), r["dispatch_us"], r["other_kernel_us"], r["other_nodes"])
+        frames.append(pd.DataFrame({"op": op_names, "time_us": r["times"], "overhead_us": overhead,
+                                    "batch_size": r["batch"], "run": r["run"]}))
+        steps.append({k: r[k] for k in ("step_us", "kernel_us", "other_kernel_us", "nodes", "graph_nodes",
+                                        "dispatch_us", "launch_us")} | {"batch_size": r["batch"], "run": r["run"]})
+    frame = pd.concat(frames, ignore_index=True)
+    frame["model"], frame["device_type"] = spec.name, device_type
     frame["host"], frame["tf_version"], frame["profiled_at"] = host, version, now
-    store.replace_profiles(conn, frame)
+    frame = frame[["model", "op", "device_type", "batch_size", "run", "time_us", "host", "tf_version", "profiled_at",
+                   "overhead_us"]]
+    step_frame = pd.DataFrame(steps)
+    step_frame["model"], step_frame["device_type"] = spec.name, device_type
+    step_frame["threads"], step_frame["grappler"] = threads or 0, True
+    step_frame["trace_level"] = "software" if device_type == "cpu" else "full"
+    step_frame["host"], step_frame["tf_version"], step_frame["profiled_at"] = host, version, now
+    store.replace_profiles(conn, frame, step_frame)
     return frame

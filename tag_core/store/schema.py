@@ -23,6 +23,15 @@ SCHEMA = [
         model TEXT NOT NULL, op TEXT NOT NULL, device_type TEXT NOT NULL, batch_size INTEGER NOT NULL,
         run INTEGER NOT NULL, time_us DOUBLE NOT NULL, host TEXT, tf_version TEXT,
         profiled_at TIMESTAMP DEFAULT current_timestamp)""",
+    # The executor's cost of running the op beyond its traced time (tag_core.profile.profiler): NULL where not
+    # measured (databases made before it existed, imported CSVs without it, GPUs), 0 where TF did not run it.
+    "ALTER TABLE op_profiles ADD COLUMN IF NOT EXISTS overhead_us DOUBLE",
+    # What the profiler measured of each profiled step as a whole, beside the per-op rows.
+    """CREATE TABLE IF NOT EXISTS profile_steps (
+        model TEXT NOT NULL, device_type TEXT NOT NULL, batch_size INTEGER NOT NULL, run INTEGER NOT NULL,
+        step_us DOUBLE, kernel_us DOUBLE, other_kernel_us DOUBLE, nodes INTEGER, graph_nodes INTEGER,
+        dispatch_us DOUBLE, launch_us DOUBLE, threads INTEGER, grappler BOOLEAN, trace_level TEXT, host TEXT,
+        tf_version TEXT, profiled_at TIMESTAMP DEFAULT current_timestamp)""",
     # Planning (tag plan, op_groups / cluster_topology / deployment_plan assets).
     """CREATE TABLE IF NOT EXISTS op_group_sets (
         model TEXT PRIMARY KEY, graph_hash TEXT NOT NULL, groups_hash TEXT NOT NULL, num_groups INTEGER NOT NULL,

@@ -1,0 +1,194 @@
+"""The process the profiler times a training step in, set up the way a device of the runtime runs one.
+
+`profile_model` (tag_core.profile.profiler) starts `python -m tag_core.profile.timing JOB` and reads its
+output file. A process of its own because TensorFlow sizes its thread pools once per process, from the
+first session it creates: a session made later with other settings keeps the first one's pools. So,
+before TensorFlow starts, this process pins itself to the job's cores and sets TF's pool sizes (`threads`:
+one intra-op and one inter-op thread on one core is how tag_core.runtime.local_cluster serves each device
+of a local cluster, and how `tag run` runs a one-device graph here; 0 keeps TF's defaults). The step runs
+as the runtime runs an emitted step: Grappler on, one train target (a NoOp after every update, as the
+emitted `tag/train`), not the ~thousand update ops as separate fetch targets (whose handling alone cost
+26 ms a step on mobilenet_v2 here).
+
+For each batch size, after the warm-up, each recorded run is three measurements in turn:
+
+1. the step untraced: its wall-clock time (`step_us`, the median of three), what a step of the runtime costs;
+2. session.run of a trivial op in the same session (`launch_us`): launching a step, which the runtime's
+   own launch cost (a calibration's per-step term, tag_core.simulate.comm) stands for;
+3. the step traced: each node's time from `step_stats` (GPU kernel times, "stream:all", win over host
+   times), which OpGraph op each node belongs to, and how often each ran.
+
+Node stats time kernels only. The rest of the untraced step, step - launch - traced node time, is the
+executor's own work around the kernels (dispatching each node, handing tensors on, freeing them, the
+constants and handles the OpGraph leaves out) net of what tracing adds inside the kernels; the profiler
+spreads it over the OpGraph ops per node each ran (`overhead_us`, tag_core.profile.profiler). A chain of
+trivial scalar ops dispatches at 0.15-0.3 µs a node here, well under the 0.7-1.6 µs a node of real steps:
+the cost is the real nodes' own, so it is measured on the step itself.
+
+Output: one JSON line per (batch, run) in the job's `out` file; progress lines {"event": "run", ...} on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+UNTRACED_REPEATS = 3  # untraced steps per recorded run; their median is its step time (load spikes happen)
+LAUNCH_REPEATS = 5  # trivial runs per recorded run; their median is its launch cost
+TRAIN_TARGET = "tag_profile/train"
+
+
+def pin(cores: list[int] | None, threads: int) -> None:
+    """Before TensorFlow starts: pin this process (every thread TF starts inherits it) and size TF's pools."""
+    if cores:
+        os.sched_setaffinity(0, set(cores))
+    if threads:
+        os.environ.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
+                           "TF_NUM_INTEROP_THREADS": str(threads)})
+
+
+def node_times(run_metadata) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """(time per node in µs, host time per node, host executions per node). GPU kernel times (stream:all) win
+    over host times; per-stream duplicates of stream:all are skipped. A node inside a loop runs (and is
+    dispatched) once per iteration."""
+    host, streams, counts = defaultdict(float), defaultdict(float), defaultdict(int)
+    for device in run_metadata.step_stats.dev_stats:
+        if "stream:" in device.device and "stream:all" not in device.device:
+            continue
+        target = streams if "stream:all" in device.device else host
+        for node in device.node_stats:
+            name = node.node_name.split(":")[0]
+            target[name] += max(node.op_end_rel_micros - node.op_start_rel_micros, 0)
+            if target is host:
+                counts[name] += 1
+    return {**host, **streams}, dict(host), dict(counts)
+
+
+def owner(name: str, known: set[str], cache: dict[str, str | None]) -> str | None:
+    """The OpGraph op a node the executor ran belongs to: itself, else the op its name is scoped under (a
+    variable handle ".../ReadVariableOp/resource", a lowered loop's body "while/body/...", a Grappler rewrite
+    "op/ArithmeticOptimizer/..."), else None (constants and other free nodes, shared by all ops)."""
+    if name in cache:
+        return cache[name]
+    found, scope = None, name
+    while True:
+        if scope in known:
+            found = scope
+            break
+        if "/" not in scope:
+            break
+        scope = scope.rsplit("/", 1)[0]
+    cache[name] = found
+    return found
+
+
+def launch_time(session, trivial) -> float:
+    """µs of session.run of a trivial op in `session`: the median of LAUNCH_REPEATS runs."""
+    times = []
+    for _ in range(LAUNCH_REPEATS):
+        start = time.perf_counter()
+        session.run(trivial)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def config(tf, threads: int):
+    """The runtime's session settings: its pool sizes (0: TF's defaults) and Grappler on, as it runs steps."""
+    cfg = tf.compat.v1.ConfigProto()
+    if threads:
+        cfg.intra_op_parallelism_threads = threads
+        cfg.inter_op_parallelism_threads = threads
+    return cfg
+
+
+def profile_batch(tf, job: dict, batch: int, meta_file: str, out, options) -> None:
+    from tag_core.capture.models.spec import InputSpec, ModelSpec
+    from tag_core.capture.steps import load_step
+    from tag_core.capture.trace import synthetic_batch
+
+    from .profiler import initialise_randomly
+
+    step = load_step(meta_file)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(step.graph_def, name="")
+        train = tf.group(*[graph.get_operation_by_name(n) for n in step.train_ops], name=TRAIN_TARGET)
+        trivial = tf.constant(0.0, name="tag_profile/trivial")
+    session = tf.compat.v1.Session(graph=graph, config=config(tf, job["threads"]))
+    op_names = job["op_names"]
+    known, owners = set(op_names), {}
+    try:
+        initialise_randomly(session, step)
+        specs = [InputSpec(i["name"], tuple(i["shape"]), i["dtype"], i["max_value"]) for i in job["inputs"]]
+        spec = ModelSpec(name=step.model, build=lambda: None, inputs=specs[:-1], label=specs[-1])
+        feed = dict(zip(step.input_tensors, synthetic_batch(spec, batch)))
+        fetches = [step.loss_tensor, train]
+        for _ in range(job["warmup"]):
+            session.run(fetches, feed_dict=feed)
+        for run in range(job["runs"]):
+            untraced = []
+            for _ in range(UNTRACED_REPEATS):
+                start = time.perf_counter()
+                session.run(fetches, feed_dict=feed)
+                untraced.append((time.perf_counter() - start) * 1e6)
+            step_us = statistics.median(untraced)
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(fetches, feed_dict=feed, options=options, run_metadata=metadata)
+            launch = launch_time(session, trivial)
+            times, host, counts = node_times(metadata)
+            per_op, execs = defaultdict(float), defaultdict(int)
+            other_kernel, other_nodes = 0.0, 0
+            for name in set(times) | set(counts):
+                op = owner(name, known, owners)
+                if op is None:
+                    other_kernel += host.get(name, 0.0)
+                    other_nodes += counts.get(name, 0)
+                else:
+                    per_op[op] += times.get(name, 0.0)
+                    execs[op] += counts.get(name, 0) or (name in times)
+            kernel = float(sum(per_op.values()))
+            nodes = int(sum(counts.values()))
+            rest = step_us - launch - kernel - other_kernel  # the executor's work around the kernels, net
+            record = {
+                "batch": batch, "run": run, "times": [float(per_op.get(name, 0.0)) for name in op_names],
+                "execs": [int(execs.get(name, 0)) for name in op_names], "step_us": step_us, "launch_us": launch,
+                "kernel_us": kernel, "other_kernel_us": other_kernel, "nodes": nodes,
+                "graph_nodes": int(sum(execs.values())), "other_nodes": other_nodes,
+                "dispatch_us": rest / nodes if job["dispatch"] and nodes else None,
+            }
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            print(json.dumps({"event": "run", "batch": batch, "run": run}), flush=True)
+    finally:
+        session.close()
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text())
+    pin(job.get("cores"), job["threads"])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    # GPU kernel times need the device tracer (FULL_TRACE). On the CPU the lighter SOFTWARE_TRACE gives the
+    # same node stats with less of the tracer's own time inside them (mobilenet_v2: 47.0 against 49.8 ms).
+    level = tf.compat.v1.RunOptions.FULL_TRACE if gpu else tf.compat.v1.RunOptions.SOFTWARE_TRACE
+    options = tf.compat.v1.RunOptions(trace_level=level)
+    # A GPU runs its kernels while the host dispatches the next: there host time is not added to kernel time.
+    job["dispatch"] = not gpu
+    print(json.dumps({"event": "start", "trace_level": "full" if gpu else "software", "gpu": gpu,
+                      "cores": sorted(os.sched_getaffinity(0)), "threads": job["threads"]}), flush=True)
+    with open(job["out"], "w") as out:
+        for batch, meta_file in job["steps"]:
+            profile_batch(tf, job, int(batch), meta_file, out, options)
+    print(json.dumps({"event": "done"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
