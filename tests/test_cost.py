@@ -111,3 +111,54 @@ def test_slower_types_are_slower_by_roofline():
     model = ComputeModel(g)
     assert model.times(T4, 8).sum() > model.times(V100, 8).sum() > model.times(lookup_gpu("H100-80GB"), 8).sum()
     assert np.all(model.times(V100, 16) >= model.times(V100, 8))
+
+
+def _with_overhead(graph, device_type, table):
+    """table: {batch: {op name: [(time_us, overhead_us) per run]}}"""
+    return pd.DataFrame(
+        [(graph.model, op, device_type, b, run, t, o) for b, ops in table.items() for op, runs in ops.items()
+         for run, (t, o) in enumerate(runs)],
+        columns=["model", "op", "device_type", "batch_size", "run", "time_us", "overhead_us"],
+    )
+
+
+def test_measured_executor_overhead_is_added_per_op_on_its_own_device_type():
+    g = train_graph()
+    cpu = CATALOG["cpu"]
+    mm, loss, x = g.index["mm0"], g.index["loss"], g.index["x"]
+    model = ComputeModel(g, _with_overhead(g, "cpu", {
+        4: {"mm0": [(40, 3), (41, 2), (900, 2)], "loss": [(0, 1), (0, 1), (0, 1)], "x": [(0, 0)] * 3},
+        8: {"mm0": [(80, 4), (80, 4), (80, 4)], "loss": [(0, 1), (0, 1), (0, 1)], "x": [(0, 0)] * 3},
+    }))
+    at = lambda b: model.times(cpu, b)  # noqa: E731
+    assert at(4)[mm] == pytest.approx((41 + 2) * 1e-6)  # medians of the kernel and of the overhead, added
+    assert at(8)[mm] == pytest.approx((80 + 4) * 1e-6)
+    assert at(6)[mm] == pytest.approx((60.5 + 3) * 1e-6)  # both interpolated over the batch
+    # A 0 µs kernel that ran still costs its dispatch; an op TF never ran (fed) costs nothing, no floor.
+    assert at(6)[loss] == pytest.approx(1e-6) and at(6)[x] == 0.0
+    # The same kernels without a measured overhead: floored at the CPU's 1 µs, as before.
+    plain = ComputeModel(g, _with_overhead(g, "cpu", {4: {"x": [(0, None)]}, 8: {"x": [(0, None)]}}))
+    assert plain.times(cpu, 6)[x] == pytest.approx(1e-6)
+
+
+def test_overhead_is_per_node_not_per_sample_and_never_makes_an_op_negative():
+    g = train_graph()
+    cpu = CATALOG["cpu"]
+    mm = g.index["mm0"]
+    one = ComputeModel(g, _with_overhead(g, "cpu", {4: {"mm0": [(40, 5)]}}))
+    # From one profiled batch the kernel scales with the batch, the per-node overhead does not.
+    assert one.times(cpu, 8)[mm] == pytest.approx((80 + 5) * 1e-6)
+    # Tracing can add more to a kernel than the executor spends around it: the net is negative, the op is not.
+    net = ComputeModel(g, _with_overhead(g, "cpu", {4: {"mm0": [(3, -5)]}, 8: {"mm0": [(6, -5)]}}))
+    assert net.times(cpu, 4)[mm] == 0.0 and net.times(cpu, 8)[mm] == pytest.approx(1e-6)
+
+
+def test_other_device_types_scale_the_kernels_without_the_cpu_executors_overhead():
+    g = train_graph()
+    mm = g.index["mm0"]
+    kernels = {4: {"mm0": [(40, 0)] * 3}, 8: {"mm0": [(80, 0)] * 3}}
+    heavy = {4: {"mm0": [(40, 500)] * 3}, 8: {"mm0": [(80, 500)] * 3}}
+    a = ComputeModel(g, _with_overhead(g, "cpu", kernels)).times(V100, 8)[mm]
+    b = ComputeModel(g, _with_overhead(g, "cpu", heavy)).times(V100, 8)[mm]
+    assert a == b
+    assert ComputeModel(g, _with_overhead(g, "cpu", heavy)).times(CATALOG["cpu"], 8)[mm] == pytest.approx(580e-6)

@@ -2,10 +2,14 @@
 
 Compute time of an op on a device type at a batch size:
 
-1. Measured: the median over profiled runs for that (op, device type, batch size),
-   piecewise-linear over batch size, extrapolated linearly beyond the profiled batches
-   (clamped at the device's per-kernel launch floor). Ops that do not scale with the
-   batch (no input or output carries the batch dimension) take the median over every profiled batch size.
+1. Measured: the median over profiled runs for that (op, device type, batch size) of the op's
+   traced time plus, where the profile measured it, the executor's cost of running the op that
+   traces leave out (`overhead_us`: dispatch per node it ran and its share of the nodes outside
+   the OpGraph, tag_core.profile.profiler), each piecewise-linear over batch size, extrapolated
+   linearly beyond the profiled batches. An op the profiled runtime did not run (fed, folded or
+   fused) then costs nothing; profiles without the overhead (imported, older) are clamped at the
+   device's per-kernel launch floor instead. Ops that do not scale with the batch (no input or output
+   carries the batch dimension) take the median over every profiled batch size.
 2. Device types without a profile: a roofline ratio from a profiled type,
    t_target = t_source * max(flops/peak, bytes/bw)_target / max(flops/peak, bytes/bw)_source.
    How good it is: it keeps each op's measured shape (which ops dominate, how the op
@@ -144,6 +148,8 @@ class _Table:
     batches: np.ndarray  # sorted profiled batch sizes
     times: np.ndarray  # (n_ops, n_batches), NaN where an op was not profiled at that batch
     measured: np.ndarray  # bool per op: profiled at any batch
+    # (n_ops, n_batches): the executor's cost beyond the traced time; None when the profile has none
+    overhead: np.ndarray | None = None
 
 
 class ComputeModel:
@@ -176,14 +182,24 @@ class ComputeModel:
 
     def _load(self, profiles: pd.DataFrame) -> None:
         frame = profiles[profiles["op"].isin(self.graph.index)]
-        medians = frame.groupby(["device_type", "op", "batch_size"], sort=True)["time_us"].median().reset_index()
+        overhead = frame["overhead_us"] if "overhead_us" in frame else np.nan
+        frame = frame.assign(overhead_us=pd.to_numeric(overhead, errors="coerce"))
+        keys = ["device_type", "op", "batch_size"]
+        medians = frame.groupby(keys, sort=True)[["time_us", "overhead_us"]].median().reset_index()
         for device_type, rows in medians.groupby("device_type", sort=True):
             batches = np.sort(rows["batch_size"].unique()).astype(np.float64)
             times = np.full((self.n, len(batches)), np.nan)
             op_idx = rows["op"].map(self.graph.index).to_numpy()
             b_idx = np.searchsorted(batches, rows["batch_size"].to_numpy(dtype=np.float64))
             times[op_idx, b_idx] = rows["time_us"].to_numpy() * 1e-6
-            self.tables[str(device_type).lower()] = _Table(batches, times, ~np.isnan(times).all(axis=1))
+            overhead = None
+            if rows["overhead_us"].notna().any():  # the profiler measured it (tag_core.profile.profiler)
+                overhead = np.full((self.n, len(batches)), np.nan)
+                overhead[op_idx, b_idx] = rows["overhead_us"].to_numpy() * 1e-6
+                # A batch measured without it (an imported CSV among measured ones) borrows its neighbour's.
+                measured_at = ~np.isnan(overhead).all(axis=0)
+                overhead[:, measured_at] = np.nan_to_num(overhead[:, measured_at], nan=0.0)
+            self.tables[str(device_type).lower()] = _Table(batches, times, ~np.isnan(times).all(axis=1), overhead)
 
     @property
     def profiled_types(self) -> list[str]:
@@ -208,8 +224,10 @@ class ComputeModel:
         source = self.source_for(gpu)
         if source is not None:
             table = self.tables[source]
-            measured = self._measured(table, batch, launch_floor(gpu) if source == gpu.name.lower() else 0.0)
-            if source != gpu.name.lower():
+            own = source == gpu.name.lower()
+            # The executor overhead is the profiled runtime's; another device type gets the kernels only.
+            measured = self._measured(table, batch, launch_floor(gpu) if own else 0.0, with_overhead=own)
+            if not own:
                 src_gpu = _catalog_lookup(source)
                 ratio = self._roofline_ratio(gpu, src_gpu) if src_gpu is not None else 1.0
                 measured = np.maximum(measured * ratio, launch_floor(gpu))
@@ -229,12 +247,22 @@ class ComputeModel:
         fallback = source.flops_per_s / target.flops_per_s
         return np.where(s > 0, t / np.where(s > 0, s, 1.0), fallback)
 
-    def _measured(self, table: _Table, batch: float, floor: float) -> np.ndarray:
-        """Interpolate each op's profile at `batch`; non-batch ops take their median over batches."""
-        times, batches = table.times, table.batches
+    def _measured(self, table: _Table, batch: float, floor: float, with_overhead: bool = False) -> np.ndarray:
+        """Each op's profile at `batch`: kernel time, plus the executor overhead when asked and measured (then
+        no floor: an op the runtime did not run costs nothing); else clamped at `floor`."""
+        kernel = self._interpolate(table, table.times, batch)
+        if with_overhead and table.overhead is not None:
+            overhead = self._interpolate(table, table.overhead, batch, per_sample=False)
+            return np.maximum(kernel + overhead, 0.0)
+        return np.maximum(kernel, floor)
+
+    def _interpolate(self, table: _Table, times: np.ndarray, batch: float, per_sample: bool = True) -> np.ndarray:
+        """Interpolate each op's row at `batch`; non-batch ops take their median over batches. From one
+        profiled batch, times scale with the batch (`per_sample`) or stay as they are (per-node costs)."""
+        batches = table.batches
         filled = _fill_rows(times)
         if len(batches) == 1:
-            scaled = filled[:, 0] * batch / batches[0]
+            scaled = filled[:, 0] * (batch / batches[0] if per_sample else 1.0)
         else:
             k = int(np.clip(np.searchsorted(batches, batch) - 1, 0, len(batches) - 2))
             b0, b1 = batches[k], batches[k + 1]
@@ -246,8 +274,7 @@ class ComputeModel:
         else:
             constant = filled[:, 0]
         out = np.where(self.batch_scaled, scaled, constant)
-        out = np.nan_to_num(out, nan=0.0)
-        return np.maximum(out, floor)
+        return np.nan_to_num(out, nan=0.0)
 
 
 def _fill_rows(times: np.ndarray) -> np.ndarray:
