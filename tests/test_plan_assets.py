@@ -10,7 +10,7 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, instance_for_test, materialize
 
 from assets.capture import training_graph
-from assets.cluster import cluster_topology
+from assets.cluster import calibration, cluster_topology
 from assets.planning import deployment_plan, op_groups
 from assets.profiling import op_profiles
 from assets.sfb import sfb_decisions
@@ -163,7 +163,8 @@ def test_planning_assets_are_wired() -> None:
         assert assets_def.op.pool == DUCKDB_POOL
         assert assets_def.group_names_by_key[assets_def.key] == "plan"
     assert graph.get(op_groups.key).parent_keys == {training_graph.key, op_profiles.key}
-    assert graph.get(deployment_plan.key).parent_keys == {op_groups.key, cluster_topology.key, op_profiles.key}
+    assert graph.get(deployment_plan.key).parent_keys == {op_groups.key, cluster_topology.key, calibration.key,
+                                                          op_profiles.key}
 
 
 def test_sfb_decisions_need_a_plan(env: Path, instance: DagsterInstance) -> None:
