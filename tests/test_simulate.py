@@ -333,12 +333,14 @@ def test_a_calibration_sets_latency_and_bandwidth_per_link_class():
     strategy = _dp(g, topo, overlap=False)
     plain = Simulator(g, topo, profiles(g, V100)).run(strategy)
     calibrated = Simulator(g, topo, profiles(g, V100), comm=comm).run(strategy)
-    # One device per machine: the ring runs across machines with the measured latency and bandwidth, and the
-    # measured cost of launching a step comes on top.
+    # One device per machine: the ring runs across machines with the measured latency and bandwidth; the
+    # measured cost of launching a step comes on top, and so does the client's feed: the input is fed whole
+    # to machine a (task 0), which sends machine b its half of the batch.
     ring = ring_allreduce_time(W_BYTES, 2, 7.8, 9e-4)
     assert calibrated.comm_s["allreduce"] == pytest.approx(ring)
+    feed = transfer_time(4 * BATCH * 256 / 2, 7.8, 9e-4)
     assert calibrated.iteration_time_s - plain.iteration_time_s == pytest.approx(
-        ring - ring_allreduce_time(W_BYTES, 2, 25.0) + 2e-3)
+        ring - ring_allreduce_time(W_BYTES, 2, 25.0) + 2e-3 + feed)
     # Transfers: a model-parallel chain moves its activation across the measured inter link.
     chain = Strategy.uniform(len(g.ops), topo.num_machines, topo.num_devices, "model_parallel")
     moved = Simulator(g, topo, profiles(g, V100), comm=comm).run(chain).comm_s["p2p"]
@@ -375,3 +377,25 @@ def test_launching_a_step_costs_what_was_measured_for_the_tasks_it_touches():
     plain = Simulator(g, topo, profiles(g, V100)).run(one).iteration_time_s
     assert Simulator(g, topo, profiles(g, V100), comm=comm).run(one).iteration_time_s - plain == pytest.approx(5e-4)
     assert comm.step_cost(1) == 5e-4 and comm.step_cost(2) == 2e-3 and comm.step_cost(3) == 2e-3
+
+
+def test_a_step_on_another_machine_than_the_masters_touches_two_tasks_and_waits_for_its_feed():
+    from tag_core.cluster.calibration import Sample
+    from tag_core.simulate import CommModel
+
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
+    steps = [Sample("step", None, tasks, None, run, seconds) for tasks, seconds in ((1, 5e-4), (2, 2e-3))
+             for run in range(3)]
+    comm = CommModel.from_calibration(_calibration(topo, samples=steps))
+    on_a = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])
+    on_b = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[False, True])
+    plain = Simulator(g, topo, profiles(g, V100))
+    calibrated = Simulator(g, topo, profiles(g, V100), comm=comm)
+    # The client feeds the whole batch through task 0 (machine a): on b the step also launches on a, and the
+    # input crosses to b before b can start.
+    assert calibrated.run(on_a).iteration_time_s - plain.run(on_a).iteration_time_s == pytest.approx(5e-4)
+    assert calibrated.run(on_b).iteration_time_s - plain.run(on_b).iteration_time_s == pytest.approx(
+        2e-3 + transfer_time(4 * BATCH * 256, 7.8, 9e-4))
+    # Without a calibration the paper's setting holds: each worker reads its own data, launching is free.
+    assert plain.run(on_b).iteration_time_s == pytest.approx(plain.run(on_a).iteration_time_s)

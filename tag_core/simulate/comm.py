@@ -5,7 +5,8 @@ figure) and bytes move at the topology's bandwidths. A calibration (tag_core.clu
 brings, per link class ("intra": devices of one machine, "inter": across machines), the latency and
 bandwidth it fitted to point-to-point transfers; whole-collective fits for the group sizes it
 measured, used as they are when a collective is one of those; and the runtime's cost of launching
-a step, added once per iteration. Collectives it did not measure keep the ring formulas of
+a step by the number of tasks it touches, added once per iteration (simulate/feeds.py), with the
+batch the client feeds through task 0. Collectives it did not measure keep the ring formulas of
 tag_core.simulate.cost, with the calibrated latencies.
 """
 
@@ -30,6 +31,7 @@ class CommModel:
     link_gbps: dict[str, float] = field(default_factory=dict)  # link class -> measured bandwidth
     fits: dict[tuple[str, str, int], Fit] = field(default_factory=dict)  # (kind, link, group size)
     calibration_hash: str | None = None
+    client_feeds: bool = False  # charge the batch the client feeds through task 0 (simulate/feeds.py)
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CommModel:
@@ -44,7 +46,7 @@ class CommModel:
                    per_step_s=calibration.overheads.per_step_s,
                    step_s_by_tasks={tasks: float(np.median(times)) for tasks, times in steps.items()},
                    link_gbps={link: fit.gbps for link, fit in calibration.links.items()}, fits=fits,
-                   calibration_hash=calibration.calibration_hash)
+                   calibration_hash=calibration.calibration_hash, client_feeds=True)
 
     @property
     def calibrated(self) -> bool:

@@ -22,6 +22,7 @@ from tag_core.disjoint_sets import DisjointSets
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
+from .feeds import client_cost_s
 from .expand import (
     concat_collectives,
     concat_transfers,
@@ -54,6 +55,7 @@ class Simulator:
         scale = self.batch / graph.batch_size
         ops = graph.ops
         self.is_apply = np.array([o.is_apply for o in ops], dtype=bool)
+        self.is_input = np.array([o.is_input for o in ops], dtype=bool)
         self.is_gradient = np.array([o.is_gradient for o in ops], dtype=bool)
         self.batch_scaled = np.array([o.batch_scaled for o in ops], dtype=bool)
         self.act_bytes = activation_bytes(graph) * np.where(self.batch_scaled, scale, 1.0)
@@ -204,7 +206,7 @@ class Simulator:
         peak_d = peak[of]
         device_oom = peak_d > self.capacity
         return SimResult(
-            iteration_time_s=T + self.comm.step_cost(int(s.masks.any(axis=0).sum())),  # launching it on its tasks
+            iteration_time_s=T + client_cost_s(self, s, p, busy[of]),
             oom=bool(device_oom.any()),
             device_oom=device_oom,
             peak_memory_bytes=peak_d,
