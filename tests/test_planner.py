@@ -321,6 +321,27 @@ def test_a_calibrated_plan_reports_both_predictions_and_its_calibration():
     assert plain.to_dict()["lineage"]["calibration"] is None
 
 
+def test_a_plan_is_single_and_says_why_when_no_distributed_strategy_beats_one_device():
+    from tag_core.simulate import CommModel
+
+    topo = topology(("a", "cpu", 1, 100.0), ("b", "cpu", 1, 100.0), inter_gbps=10.0)
+    # Loopback-like: every transfer costs 50 ms, far more than the whole step on one device.
+    slow = CommModel.from_calibration(_calibration_for(topo, inter_latency_s=0.05, inter_gbps=1.0))
+    g, prof, result = _plan(topo, layers=2, comm=slow)
+    data = result.to_dict()
+    one = Simulator(g, topo, prof, comm=slow).run(Strategy.from_dict(data["strategy"]))
+    assert data["strategy"]["name"] == "single" and data["one_device"]["device"] == 0  # task 0: the client's
+    assert data["tag"]["iteration_time_s"] == pytest.approx(one.iteration_time_s)
+    assert "no distributed strategy beats one device under the calibrated cost model" in data["one_device"]["why"]
+    assert data["tag"]["iteration_time_s"] < data["baselines"]["dp_nccl"]["iteration_time_s"]
+    assert "The plan is `single`" in markdown_table(data)
+    # Communication that costs nothing next to compute: a distributed plan wins, and nothing is said.
+    fast = CommModel.from_calibration(_calibration_for(topo, inter_latency_s=1e-6, inter_gbps=1000.0))
+    _, _, distributed = _plan(topo, layers=2, comm=fast)
+    assert "one_device" not in distributed.to_dict()
+    assert distributed.strategy.name != "single" and distributed.time_s < one.iteration_time_s
+
+
 def test_tag_plan_applies_the_calibration_of_this_snapshot_only(planned, tmp_path, capsys):
     from tag_core.cluster import load_topology
     from tag_core.cluster.calibration import save_to_store

@@ -151,6 +151,8 @@ def format_table(data: dict, actions: list[str]) -> str:
              f"{'plan':<20} {'iteration ms':>13} {'TAG speedup':>12}"]
     for label, t, oom, speedup in comparison_rows(data):
         lines.append(f"{label:<20} {t * 1e3:13.2f} {speedup:11.2f}x" + ("  OUT OF MEMORY" if oom else ""))
+    if data.get("one_device"):
+        lines.append(f"plan: single, {data['one_device']['why']}")
     sfb = data.get("sfb")
     if sfb:
         lines.append(f"SFB: {len(sfb['gradients'])} of {sfb['considered']} synchronised gradients rebuilt from "

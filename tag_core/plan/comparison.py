@@ -20,4 +20,6 @@ def markdown_table(plan_json: dict) -> str:
     lines = ["| plan | iteration ms | TAG speedup |", "|---|---:|---:|"]
     for label, t, oom, speedup in comparison_rows(plan_json):
         lines.append(f"| {label} | {t * 1e3:.2f}{' (OOM)' if oom else ''} | {speedup:.2f}x |")
+    if plan_json.get("one_device"):
+        lines.append(f"\nThe plan is `single`: {plan_json['one_device']['why']}.")
     return "\n".join(lines)

@@ -24,6 +24,8 @@ Steps:
    plan (`sfb=False` skips this step).
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
+8. One device: when the fastest single device that fits is no slower than the plan, as it may be for a
+   tiny model on loopback, the plan is `single` and says why (the honest answer).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from tag_core.cluster.topology import Topology
 from tag_core.errors import TagInputError
 from tag_core.fusion.cost import FusedComputeModel
 from tag_core.fusion.patterns import FusionPlan
-from tag_core.search.baselines import HOROVOD_FUSION_BYTES, device_speed, run_baselines
+from tag_core.search.baselines import HOROVOD_FUSION_BYTES, device_speed, run_baselines, single
 from tag_core.search.grouping import DEFAULT_GROUPS, OpGroups, group_ops
 from tag_core.search.mcmc import mcmc_search
 from tag_core.search.mcts import (
@@ -61,6 +63,7 @@ from tag_core.search.mcts import (
 )
 from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S, apply_sfb
 from tag_core.simulate.comm import CommModel
+from tag_core.simulate.result import SimResult
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
@@ -151,10 +154,14 @@ class Plan:
     fusion: dict[str, Any] | None = None  # the fusion plan the costs assumed: patterns, ops_fused, kernels
     sfb: dict[str, Any] | None = None  # SfbResult.to_dict(): the gradients rebuilt from factors, solve times
     calibration: dict[str, Any] = field(default_factory=dict)  # applied (hash, uncalibrated time) or why not
+    one_device: dict[str, Any] | None = None  # the plan is `single`: its time, device and why (step 8)
 
     @property
     def time_s(self) -> float:
-        """The plan's simulated iteration time: MCTS's strategy, with SFB where it was kept."""
+        """The plan's simulated iteration time: one device's when that won, else MCTS's strategy, with SFB where
+        it was kept."""
+        if self.one_device:
+            return self.one_device["iteration_time_s"]
         return self.sfb["iteration_time_s"] if self.sfb else self.tag.time_s
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,6 +186,7 @@ class Plan:
             **({"fusion": self.fusion} if self.fusion is not None else {}),
             **({"sfb": self.sfb} if self.sfb is not None else {}),
             "calibration": self.calibration,
+            **({"one_device": self.one_device} if self.one_device is not None else {}),
         }
 
 
@@ -250,6 +258,9 @@ def plan(
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
+    one_device = _one_device_instead(sim, final, dp)
+    if one_device is not None:
+        strategy, final = one_device.pop("strategy"), one_device.pop("result")
     if sim.comm.calibrated:
         defaults = Simulator(graph, topology, profiles, batch_size=batch_size, compute=sim.compute)
         calibration = {"applied": True, "hash": sim.comm.calibration_hash,
@@ -274,8 +285,25 @@ def plan(
         fusion=None if fusion is None else {"patterns": len(fusion.patterns), "ops_fused": fusion.ops_fused,
                                             "kernels_before": fusion.kernels_before,
                                             "kernels_after": fusion.kernels_after},
-        sfb=sfb_report, calibration=calibration,
+        sfb=sfb_report, calibration=calibration, one_device=one_device,
     )
+
+
+def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult) -> dict[str, Any] | None:
+    """Step 8: `single` with why, when one device is no slower than the plan `best` (None otherwise)."""
+    strategy = single(sim)
+    result = sim.run(strategy)
+    if result.oom or (result.iteration_time_s > best.iteration_time_s and not best.oom):
+        return None
+    device = int(strategy.extra["device"])
+    model = "calibrated" if sim.comm.calibrated else "default"
+    why = (f"no distributed strategy beats one device under the {model} cost model: the search's best "
+           f"{best.iteration_time_s * 1e3:.3g} ms{' (out of memory)' if best.oom else ''}, DP-NCCL "
+           f"{dp.iteration_time_s * 1e3:.3g} ms, device {device} ({sim.dev_gpu[device].name}) alone "
+           f"{result.iteration_time_s * 1e3:.3g} ms")
+    strategy.extra["machines"] = [m.name for m in sim.topology.machines]
+    return {"strategy": strategy, "result": result, "iteration_time_s": float(result.iteration_time_s),
+            "device": device, "why": why}
 
 
 def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
