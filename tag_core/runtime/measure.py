@@ -1,5 +1,6 @@
 """Measured steps: timing an emitted graph after warm-up, the row `measured_steps` stores, and the
-rank correlation `tag fidelity` reports.
+rank correlation `tag fidelity` reports. `measure_folder` measures one emission folder (`tag run
+--measure`'s work, for the `measured_step` asset); `unmeasurable` says why a topology cannot be measured here.
 
 A measured step time is the median of the timed steps (robust to the odd step a busy machine
 stretches); its spread is their interquartile range (75th minus 25th percentile), which says how much
@@ -14,9 +15,12 @@ import math
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tag_core.cluster.topology import Topology
 
 SPREAD = "interquartile range (75th - 25th percentile) of the timed steps"
 
@@ -81,6 +85,81 @@ def measured_step_row(plan: dict[str, Any], timing: StepTiming, strategy: str | 
             "batch_size": plan.get("batch_size"), "steps": timing.steps,
             "predicted_s": prediction.get("iteration_time_s"), "measured_s": timing.median_s,
             "spread_s": timing.spread_s, "host": socket.gethostname()}
+
+
+class MeasureFailed(RuntimeError):
+    """An emitted step that did not run to the end: one line, with the run's report in `lines`."""
+
+    def __init__(self, message: str, lines: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.lines = list(lines)
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One measurement of an emission folder: its `measured_steps` row, the timing, where the tasks served."""
+
+    row: dict[str, Any]
+    timing: StepTiming
+    servers: str
+    warmup: int
+
+    @property
+    def predicted_s(self) -> float | None:
+        return self.row["predicted_s"]
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured, None without a prediction."""
+        return step_error(self.row)
+
+
+def step_error(row: dict[str, Any]) -> float | None:
+    """A `measured_steps` row's relative error (predicted - measured) / measured; None without a prediction."""
+    predicted, measured = row.get("predicted_s"), row.get("measured_s")
+    if predicted is None or measured is None or not math.isfinite(predicted) or not measured > 0:  # NaN: none
+        return None
+    return relative_error(predicted, measured)
+
+
+def unmeasurable(topology: Topology, cores: int | None = None) -> str | None:
+    """Why a plan for `topology` cannot be measured here as it was predicted (None: it can).
+
+    A measurement stands beside its prediction only when the devices are this machine's own: CPU
+    machines of one device each (the topology `tag calibrate --local N` writes), each task a server
+    pinned to a core of its own. GPU kernels run on a CPU core would measure the CPU, not the plan."""
+    from .local_cluster import pinnable_cores
+
+    kinds = sorted({m.gpu.name for m in topology.machines if m.gpu.name != "cpu"})
+    if kinds:
+        return (f"{topology.name} has {', '.join(kinds)} machines; measured here, CPU cores would stand in for "
+                f"them: measure on the cluster (`tag run --measure --cluster`) or use a CPU topology "
+                f"(`tag calibrate --local N`)")
+    multi = [m.name for m in topology.machines if m.count != 1]
+    if multi:
+        return (f"{topology.name} has machines of more than one device ({', '.join(multi[:3])}); a measured task "
+                f"runs one device, pinned to a core of its own")
+    cores = len(pinnable_cores()) if cores is None else cores
+    if topology.num_machines > cores:
+        return (f"{topology.name} has {topology.num_machines} tasks, each pinned to a core of its own; this "
+                f"process may use {cores} cores")
+    return None
+
+
+def measure_folder(folder: str | Path, steps: int, warmup: int, timeout: float = 600.0, servers: str = "auto",
+                   echo: Callable[[str], None] | None = None, strategy: str | None = None) -> MeasuredStep:
+    """Time `steps` steps of an emission folder after `warmup` untimed ones: its `measured_steps` row beside
+    the prediction its plan.json records (not stored: the caller holds the store). MeasureFailed when the
+    run fails; TagInputError when `folder` is not an emission folder."""
+    from .supervisor import check_folder
+
+    plan = check_folder(folder)
+    result, timing = measure_emitted(folder, steps, warmup, timeout=timeout, servers=servers, echo=echo)
+    if timing is None:
+        lines = [line.strip() for line in (result.error or "no step was timed").splitlines() if line.strip()]
+        head = f"{lines[0]} {lines[-1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]  # + the cause
+        raise MeasureFailed(f"the emitted step did not run: {head}", result.lines)
+    return MeasuredStep(measured_step_row(plan, timing, strategy), timing, result.servers, warmup)
 
 
 def save_measured_step(row: dict[str, Any], db: str | None = None) -> None:
