@@ -1,5 +1,6 @@
 """The HTML report of all current plans: a table against the baselines, speedup bars, and per plan
-the placement heatmap, the simulated Gantt timeline and the lineage."""
+the placement heatmap, the simulated Gantt timeline and the lineage; then, when steps were measured
+(`measured_steps`), predicted against measured as a scatter and the newest measurement of each."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from tag_core.capture.steps import load_op_graph
 from tag_core.cluster.topology import Topology
 from tag_core.cluster.topology_json import parse_topology
 from tag_core.files import write_atomically
+from tag_core.runtime.measure import step_error
 from tag_core.simulate.strategy import Strategy
 
-from .plots import gantt, placement_heatmap, speedup_bars
+from .plots import SCATTER_BAND, gantt, placement_heatmap, predicted_vs_measured, speedup_bars
 
 BASELINE_ORDER = ("dp_nccl", "dp_nccl_p", "horovod", "mcmc")
 
@@ -111,7 +113,33 @@ def build_report(conn, out_dir: str | Path) -> Path:
                 pictures = plan_pictures(graph, store.load_profiles(conn, plan["model"]), topology, plan)
                 parts.append(_image(pictures.heatmap, "placement heatmap") + _image(pictures.gantt, "timeline"))
             parts.append(f"<pre>{html.escape(json.dumps(plan.get('lineage', {}), indent=1))}</pre>")
+    parts += measured_section(store.load_measured_steps(conn))
     parts.append("</body></html>")
     path = Path(out_dir) / "index.html"
     write_atomically(path, "\n".join(parts))
     return path
+
+
+def measured_section(measured: pd.DataFrame) -> list[str]:
+    """HTML for the measured steps (newest first, as `store.load_measured_steps` gives them): the scatter of
+    every measurement and a table of the newest of each model, topology and strategy; nothing without rows."""
+    if measured.empty:
+        return []
+    rows = [{k: (None if pd.isna(v) else v) for k, v in r.items()} for r in measured.to_dict("records")]
+    newest = measured.drop_duplicates(["model", "topology", "strategy"]).to_dict("records")
+    parts = [f"<h2>Predicted against measured</h2><p>{len(rows)} measured steps (<code>tag run --measure</code>, "
+             f"<code>tag fidelity</code>, the <code>measured_step</code> asset): the median of the timed steps "
+             f"against the simulator's prediction. Error is (predicted − measured) / measured; the band is "
+             f"±{SCATTER_BAND:.0%}.</p>",
+             _image(predicted_vs_measured(rows, by=("model", "topology", "strategy")), "predicted against measured"),
+             "<table><tr>" + "".join(f"<th>{h}</th>" for h in ["model", "topology", "strategy", "predicted ms",
+                                                                 "measured ms", "IQR ms", "error", "steps",
+                                                                 "measured"]) + "</tr>"]
+    for r in newest:
+        predicted, error = None if pd.isna(r["predicted_s"]) else r["predicted_s"], step_error(r)
+        cells = [r["model"], r["topology"], r["strategy"], f"{predicted * 1e3:.2f}" if predicted else "-",
+                 f"{r['measured_s'] * 1e3:.2f}", "-" if pd.isna(r["spread_s"]) else f"{r['spread_s'] * 1e3:.2f}",
+                 "-" if error is None else f"{error:+.1%}", r["steps"], str(r["measured_at"])[:19]]
+        parts.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    parts.append("</table>")
+    return parts

@@ -1,4 +1,5 @@
-"""Pictures of a plan: the placement heatmap, the simulated Gantt timeline, speedup bars. PNG bytes."""
+"""Pictures of a plan: the placement heatmap, the simulated Gantt timeline, speedup bars; predicted against
+measured step times. PNG bytes."""
 
 from __future__ import annotations
 
@@ -122,3 +123,65 @@ def training_curve(metrics: dict) -> bytes:
     right.set_title("best plan of the training searches (noisy: new problems each time)", fontsize=9)
     right.legend(fontsize=8)
     return _png(fig)
+
+
+SCATTER_BAND = 0.25  # the band drawn around the diagonal: |measured - predicted| / measured within it
+
+
+def predicted_vs_measured(rows: list[dict], title: str = "predicted against measured step time",
+                          highlight: int | None = None, band: float = SCATTER_BAND,
+                          by: tuple[str, ...] = ("model", "strategy")) -> bytes:
+    """`measured_steps` rows as a scatter: predicted (x) against measured (y) step time in ms, log-log, one colour
+    per value of the columns `by`, the interquartile range as a vertical bar, the diagonal and the ±`band` region
+    around it; row `highlight` (an index into `rows`) ringed. Rows without a prediction are counted in the title."""
+    plt = _pyplot()
+    usable = [(i, r) for i, r in enumerate(rows) if _finite(r.get("predicted_s")) and _finite(r.get("measured_s"))
+              and r["predicted_s"] > 0 and r["measured_s"] > 0]
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    label_of = lambda r: " / ".join(str(r[c]) for c in by)  # noqa: E731
+    labels = sorted({label_of(r) for _, r in usable})
+    colors = plt.get_cmap("tab10")
+    for k, label in enumerate(labels):
+        mine = [r for _, r in usable if label_of(r) == label]
+        x = np.array([r["predicted_s"] for r in mine]) * 1e3
+        y = np.array([r["measured_s"] for r in mine]) * 1e3
+        spread = np.array([r["spread_s"] if _finite(r.get("spread_s")) else 0.0 for r in mine]) * 1e3
+        # The IQR as a bar of its own length centred on the median (the quartiles themselves are not stored).
+        ax.errorbar(x, y, yerr=np.minimum(spread / 2, y * 0.99), fmt="o", color=colors(k % 10), markersize=5,
+                    alpha=0.85, capsize=2, linewidth=0.8, label=label if k < 10 else None)
+    values = [v * 1e3 for _, r in usable for v in (r["predicted_s"], r["measured_s"])] or [1.0]
+    low, high = min(values) / 1.6, max(values) * 1.6
+    line = np.geomspace(low, high, 50)
+    ax.plot(line, line, color="#444", linewidth=0.8, label="predicted = measured")
+    ax.fill_between(line, line / (1 + band), line / (1 - band), color="#999", alpha=0.15,
+                    label=f"within {band:.0%} of measured")
+    if highlight is not None and any(i == highlight for i, _ in usable):
+        row = rows[highlight]
+        ax.scatter([row["predicted_s"] * 1e3], [row["measured_s"] * 1e3], s=160, facecolors="none",
+                   edgecolors="#C44E52", linewidths=1.6, label="this measurement", zorder=5)
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain milliseconds, not powers of ten
+        axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.tick_params(which="minor", labelsize=7)
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("predicted step (ms)")
+    ax.set_ylabel("measured step, median (ms); bar: interquartile range")
+    missing = len(rows) - len(usable)
+    ax.set_title(title + (f"\n({missing} measurement{'s' * (missing != 1)} without a prediction not shown)"
+                          if missing else ""), fontsize=10)
+    if len(labels) > 10:
+        ax.text(0.02, 0.98, f"{len(labels) - 10} more models / strategies not in the legend", transform=ax.transAxes,
+                va="top", fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    return _png(fig)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and bool(np.isfinite(value))
