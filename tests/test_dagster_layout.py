@@ -37,11 +37,13 @@ PARTITIONS = {
     "deployment_plan": "model|topology",
     "sfb_decisions": "model|topology",
     "distributed_graph": "model|topology",
+    "measured_step": "model|topology",
 }
 CHECKS = {
     ("deployment_plan", "plan_fits_memory"),
     ("deployment_plan", "plan_beats_baselines"),
     ("distributed_graph", "graph_matches_single_device"),
+    ("measured_step", "measured_step_near_prediction"),
 }
 
 
