@@ -9,7 +9,12 @@ and stops every process on exit, error or interrupt; each server also exits by i
 process that started it is gone. `task_servers` starts chosen tasks of any cluster spec the same way.
 
 TensorFlow's gRPC server listens on every interface ("0.0.0.0:port", hard-coded in TF's
-grpc_server_lib); the cluster spec names 127.0.0.1, so only loopback is used, but the ports are open.
+grpc_server_lib), whatever the cluster spec names. So `local_cluster` starts its servers in a network
+namespace of their own in which only `lo` is up (tag_core.runtime.loopback), held while the context is
+open: every child started with `child_env` inside it (the servers, and the client the caller starts)
+joins it, and nothing outside the machine's loopback of that namespace can reach the ports. Without
+namespaces it refuses, or warns, as TAG_NETNS says. `task_servers` alone (a real cluster's tasks) uses
+none: those must be reachable from the other machines.
 
 Run as `python -m tag_core.runtime.local_cluster --cluster JSON --task-index K [--core C]` it serves
 one task: it prints {"event": "serving", ...} on stdout once the server is up, then serves until stopped.
@@ -34,6 +39,8 @@ from typing import Iterator, Sequence
 
 from tag_core.errors import TagInputError
 
+from . import loopback
+
 LEADER = "/job:worker/replica:0/task:0"  # collectives need one task to resolve their groups
 STARTUP_S = 120.0  # importing TensorFlow in several processes at once on a small machine
 STOP_GRACE_S = 5.0
@@ -54,6 +61,7 @@ class ServerProcess:
 @dataclass(frozen=True)
 class LocalCluster:
     servers: tuple[ServerProcess, ...]
+    isolated: bool = False  # in a network namespace of their own, with only lo up
 
     @property
     def addresses(self) -> list[str]:
@@ -95,9 +103,21 @@ def local_cluster(tasks: int, devices_per_task: int = 1, startup_s: float = STAR
         raise TagInputError(where, f"{tasks} tasks need {tasks} cores to run in parallel; this process may "
                                    f"use {len(cores)} ({', '.join(map(str, cores))})")
     addresses = [f"127.0.0.1:{free_loopback_port()}" for _ in range(tasks)]
-    with task_servers({"worker": addresses}, range(tasks), cores=[cores[k % len(cores)] for k in range(tasks)],
-                      devices_per_task=devices_per_task, startup_s=startup_s) as servers:
-        yield LocalCluster(tuple(servers))
+    with _loopback_only() as namespace, \
+            task_servers({"worker": addresses}, range(tasks), cores=[cores[k % len(cores)] for k in range(tasks)],
+                         devices_per_task=devices_per_task, startup_s=startup_s) as servers:
+        yield LocalCluster(tuple(servers), isolated=namespace is not None)
+
+
+@contextmanager
+def _loopback_only() -> Iterator[loopback.Namespace | None]:
+    """The local run's network namespace (None where TAG_NETNS lets it go without); ServerStartError when
+    none can be made and TAG_NETNS requires one."""
+    try:
+        with loopback.loopback_namespace() as namespace:
+            yield namespace
+    except loopback.NamespaceRefused as exc:
+        raise ServerStartError(str(exc)) from None
 
 
 @contextmanager
@@ -128,7 +148,8 @@ def child_env(threads: int | None) -> dict[str, str]:
     """The environment of a TF child process of this package (`threads`: per pool, None for TF's default)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            # These children never use Keras: TF skips its eager Keras import when told to use the absent tf_keras.
-           "TF_USE_LEGACY_KERAS": "1"}
+           "TF_USE_LEGACY_KERAS": "1",
+           **loopback.child_environment()}  # inside `local_cluster`: its namespace, joined at import
     if threads:  # the same count for every pool that reads these (OpenMP, oneDNN, TF's own defaults)
         env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
                     "TF_NUM_INTEROP_THREADS": str(threads)})

@@ -12,6 +12,10 @@ tasks serve (`servers`):
 - "shared": one local `tf.distribute.Server` per task inside the worker (as many logical CPU devices
   as the machine has GPUs); they share the worker's threads and the machine's cores.
 
+Both local modes run the servers and the worker in a network namespace of their own with only `lo` up
+(tag_core.runtime.loopback): TF binds its servers to 0.0.0.0, and there that is loopback of the namespace,
+which nothing outside can reach. A real cluster ("cluster") uses none.
+
 Everything in-process in TF (servers, a collective that waits for a peer that never
 comes) ends with the child: the parent kills it at the deadline, so a hang never hangs the
 user, and every server started is gone when this returns. Collectives carry the timeout
@@ -35,9 +39,17 @@ from typing import Any, Callable
 
 from tag_core.errors import TagInputError
 
+from . import loopback
+
+# Every TF child of this package runs as `python -m tag_core.runtime.<module>`, which imports this module first
+# (tag_core.runtime imports it): a child started inside a local run's network namespace joins it here, before
+# anything in it starts a thread (see tag_core.runtime.loopback). Nothing happens in any other process.
+loopback.join_from_environment()
+
 STARTUP_S = 90.0  # TF import, servers and graph import, before the run's own clock starts
 SHOWN_COLLECTIVES = 6
 SERVER_MODES = ("auto", "pinned", "shared")
+LOOPBACK_WHERE = "reachable on loopback only (a network namespace of their own, with only lo up)"
 
 
 @dataclass
@@ -172,7 +184,16 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
         return _run_pinned(command, meta, timeout, echo)
     serving = cluster is not None and task_index != 0  # serves until stopped: no deadline
     deadline = None if serving else time.monotonic() + timeout + STARTUP_S
-    result = _supervise(command, meta, deadline, timeout, echo)
+    if mode == "cluster":  # a real cluster's tasks reach each other between machines: no namespace can hold them
+        result = _supervise(command, meta, deadline, timeout, echo)
+    else:  # shared: the worker's in-process servers and its session, in a namespace with only lo up
+        try:
+            with loopback.loopback_namespace():
+                result = _supervise(command, meta, deadline, timeout, echo)
+        except loopback.NamespaceRefused as exc:
+            result = RunResult(ok=False, error=f"the local TF servers did not start: {exc}")
+            result.lines.append(result.error)
+            echo(result.error)
     result.servers = mode
     return result
 
@@ -186,6 +207,8 @@ def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[
         with local_cluster(tasks, where="DIR") as cluster:
             started = ", ".join(f"task {s.task} on core {s.core} (process {s.pid})" for s in cluster.servers)
             line = f"started {tasks} pinned single-core TF server processes: {started}"
+            if cluster.isolated:
+                line += f"; {LOOPBACK_WHERE}"
             echo(line)
             result = _supervise(command + ["--target", cluster.target(0)], meta,
                                 time.monotonic() + timeout + STARTUP_S, timeout, echo)
@@ -204,7 +227,8 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
                echo: Callable[[str], None]) -> RunResult:
     # The worker never uses Keras. TensorFlow imports all of Keras at start-up (and matplotlib with it) unless
     # told to use the legacy tf_keras package, which it then skips when absent: 2 of 6 s and 80 MB per run.
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1",
+           **loopback.child_environment()}  # in the local run's namespace, if one is held
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds tag_core
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -289,6 +313,8 @@ def describe(event: dict, result: RunResult) -> list[str]:
         if event.get("pinned"):
             where = "pinned single-core local TF servers, one process per task" + \
                     (" (GPU devices as CPU)" if event.get("gpu_as_cpu") else "")
+        elif event.get("loopback_only"):  # pinned servers: the line that started them said so
+            where += f", {LOOPBACK_WHERE}"
         warmup = f"; {event['warmup']} warm-up steps first" if event.get("warmup") else ""
         return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}{warmup}"]
     if kind == "check":

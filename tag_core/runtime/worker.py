@@ -42,6 +42,14 @@ def _config(cpus: int | None = None, soft: bool = False):
     return config
 
 
+def loopback_only() -> bool:
+    """Whether this process runs in the local run's network namespace, whose only interface is lo (it joined
+    one when the package was imported: tag_core.runtime.loopback)."""
+    from .loopback import JOIN_ENV, interfaces
+
+    return bool(os.environ.get(JOIN_ENV)) and interfaces() == ["lo"]
+
+
 def _spec_like(meta: dict):
     """A ModelSpec carrying only the input signature: enough for `synthetic_batch`."""
     from tag_core.capture.models.spec import InputSpec, ModelSpec
@@ -184,7 +192,8 @@ def run(args) -> int:
     graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu)
     values = initial_values(folder, meta)
     report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
-           gpu_as_cpu=on_cpu, check=args.check, pinned=target is not None, warmup=args.warmup)
+           gpu_as_cpu=on_cpu, check=args.check, pinned=target is not None, warmup=args.warmup,
+           loopback_only=loopback_only())
     distributed = Distributed(graph_def, meta, target or servers[0].target, soft=bool(args.cluster))
     statistics = meta.get("batch_statistics") or {}
     skip = statistics.get("skip")
