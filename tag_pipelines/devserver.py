@@ -3,6 +3,10 @@
 `dagster dev` started in the background ignores SIGTERM unless SIGINT is reset
 to its default before exec; it then runs in its own process group, and one
 signal to the group stops the webserver, the daemon and the code server.
+
+The webserver is unauthenticated and launches runs: it binds loopback (HOST)
+only, named explicitly rather than left to dagster's default. The code server
+listens on a Unix socket of its own and the daemon on nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
 
 
 def free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((HOST, 0))
         return probe.getsockname()[1]
 
 
@@ -50,7 +55,7 @@ class DagsterDev:
 
 
 def start_dagster_dev(env: dict[str, str], log: Path, port: int | None = None) -> DagsterDev:
-    """`dagster dev -w workspace.yaml` on 127.0.0.1 with the given environment (DAGSTER_HOME, TAG_*)."""
+    """`dagster dev -w workspace.yaml` on 127.0.0.1 (HOST) with the given environment (DAGSTER_HOME, TAG_*)."""
     port = port or free_port()
     dagster = Path(sys.executable).with_name("dagster")
 
@@ -59,7 +64,7 @@ def start_dagster_dev(env: dict[str, str], log: Path, port: int | None = None) -
 
     handle = open(log, "w")
     process = subprocess.Popen(
-        [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        [str(dagster), "dev", "-w", "workspace.yaml", "-h", HOST, "-p", str(port)],
         cwd=ROOT,
         env=env,
         stdout=handle,

@@ -309,3 +309,18 @@ def test_tag_calibrate_servers_listen_on_loopback_only(tmp_path):
     assert done.returncode == 0 or refused, done.stdout + done.stderr
     assert refused or json.loads(out.read_text())["machines"][1]["name"] == "task1"
     _assert_loopback_only(seen, servers=2)
+
+
+def test_the_dagster_webserver_binds_loopback(tmp_path, monkeypatch):
+    from tag_pipelines import devserver
+
+    started = {}
+
+    class Recorded:
+        def __init__(self, command, **kwargs):
+            started["command"] = command
+
+    monkeypatch.setattr(devserver.subprocess, "Popen", Recorded)
+    devserver.start_dagster_dev({}, tmp_path / "dagster.log", port=3999)
+    command = started["command"]
+    assert command[command.index("-h") + 1] == "127.0.0.1" and command[command.index("-p") + 1] == "3999"
