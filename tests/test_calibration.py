@@ -20,6 +20,7 @@ from tag_core.cluster.calibration import (
     Calibration,
     FitRefused,
     Sample,
+    MIN_LATENCY_S,
     fit_calibration,
     fit_latency_bandwidth,
     load_from_store,
@@ -101,6 +102,23 @@ def test_fit_refuses_samples_that_determine_no_fit(samples, reason):
         fit_latency_bandwidth(samples, "p2p inter")
     message = str(refused.value)
     assert message.startswith("p2p inter: ") and reason in message and "\n" not in message
+
+
+def test_the_clients_feed_is_fitted_through_the_origin_when_its_fixed_cost_vanishes():
+    # A feed's fixed cost is inside the step's launch: the measured increments are bytes / bandwidth alone.
+    feeds = [Sample("p2p", "client", 1, nbytes, run, line(-2e-5, 2.5, nbytes)) for nbytes in SIZES[1:]
+             for run in range(5)]
+    calibration = fit_calibration(synthetic_samples() + feeds, topology="t", topology_hash="0" * 16, source="local",
+                                  host="", code_version="")
+    client = calibration.links["client"]
+    assert client.gbps == pytest.approx(2.5, rel=0.1) and client.latency_s == MIN_LATENCY_S
+    assert ("p2p", "client", 1, client) in calibration.fits()
+    assert calibration.links["inter"].gbps == pytest.approx(GBPS, rel=0.05)  # the other links are untouched
+    # Feeds at one size determine no bandwidth: the calibration stands without them (feeds go uncharged).
+    one_size = [s for s in feeds if s.bytes == SIZES[1]]
+    without = fit_calibration(synthetic_samples() + one_size, topology="t", topology_hash="0" * 16, source="local",
+                              host="", code_version="")
+    assert "client" not in without.links and set(without.links) == {"inter", "intra"}
 
 
 def test_calibration_needs_point_to_point_and_overheads():
@@ -347,7 +365,7 @@ def test_listening_sockets_of_a_local_cluster(capsys):
 @pytest.mark.timeout(600)
 def test_a_real_calibration_on_two_local_servers(tag_home, tmp_path, capsys):
     out = tmp_path / "local.json"
-    assert main(["calibrate", "--local", "2", "--out", str(out), "--sizes", "4K,4M", "--repeats", "3",
+    assert main(["calibrate", "--local", "2", "--out", str(out), "--sizes", "4K,256K,4M", "--repeats", "3",
                  "--warmup", "1", "--quiet", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     topology = load_topology(out)
@@ -357,9 +375,11 @@ def test_a_real_calibration_on_two_local_servers(tag_home, tmp_path, capsys):
     assert topology.inter_gbps == float(f"{inter['gbps']:.4g}")
     assert summary["topology_hash"] == topology.content_hash()
     assert set(summary["collectives"]) == {"allreduce", "ps", "broadcast"}
+    assert summary["links"]["client"]["gbps"] > 0  # the client's feed to task 0, from 256 KB up
     assert all(set(summary["collectives"][k]["inter"]) == {"2"} for k in summary["collectives"])
     assert all(v > 0 for v in summary["overheads"].values())
     assert {(m["kind"], m["bytes"]) for m in summary["measured"]} >= {("p2p", 4096), ("p2p", 4 * 2**20), ("op", None)}
+    assert {m["bytes"] for m in summary["measured"] if m.get("link") == "client"} == {256 * 2**10, 4 * 2**20}
     assert all(m["runs"] == 3 for m in summary["measured"])
     conn = store.connect(tag_home / "tag.duckdb", read_only=True)
     stored = load_from_store(conn, topology="local-2")

@@ -399,3 +399,20 @@ def test_a_step_on_another_machine_than_the_masters_touches_two_tasks_and_waits_
         2e-3 + transfer_time(4 * BATCH * 256, 7.8, 9e-4))
     # Without a calibration the paper's setting holds: each worker reads its own data, launching is free.
     assert plain.run(on_b).iteration_time_s == pytest.approx(plain.run(on_a).iteration_time_s)
+
+
+def test_a_measured_feed_from_the_client_to_task_0_is_charged_for_the_whole_batch():
+    from dataclasses import replace
+
+    from tag_core.cluster.calibration import Fit
+    from tag_core.simulate import CommModel
+
+    g = train_graph(layers=1)
+    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
+    feed = Fit(latency_s=1e-4, gbps=2.0, residual_rms_s=0.0, residual_max_rel=0.0, samples=10)
+    plain = CommModel.from_calibration(_calibration(topo))
+    measured = replace(plain, feed_fit=feed)
+    on_a = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])
+    extra = (Simulator(g, topo, profiles(g, V100), comm=measured).run(on_a).iteration_time_s
+             - Simulator(g, topo, profiles(g, V100), comm=plain).run(on_a).iteration_time_s)
+    assert extra == pytest.approx(1e-4 + 4 * BATCH * 256 / bytes_per_s(2.0))

@@ -6,7 +6,8 @@ the terms (the cost model). No TensorFlow here.
 - A `Sample` is one timed run: a transfer between two devices ("p2p"), a collective over a group
   ("allreduce", "ps" push/pull, "broadcast"), a cheap op of a chain ("op"), an empty-ish step
   ("step"), or a tiny cross-task send/recv pair ("sendrecv"). `link` is "intra" (devices of one
-  machine), "inter" (across machines) or None; `seconds` is the cost of one of them.
+  machine), "inter" (across machines), "client" (a tensor the client feeds to task 0: "p2p" of group
+  size 1) or None; `seconds` is the cost of one of them.
 - A `Fit` is latency + bytes / bandwidth, least squares over the per-size medians of one
   (kind, link, group size), with its residuals.
 - A `Calibration` holds a fit per link class (point-to-point), per collective kind, link and group
@@ -28,9 +29,10 @@ from statistics import median
 
 KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv")
 COLLECTIVES = ("allreduce", "ps", "broadcast")
-LINKS = ("intra", "inter")
+LINKS = ("intra", "inter", "client")  # client: the process that feeds task 0 each step
 SOURCES = ("local", "cluster", "import")
 BITS_PER_BYTE = 8
+MIN_LATENCY_S = 1e-6  # a latency too small to measure (fits must keep a positive one)
 
 
 class FitRefused(ValueError):
@@ -106,7 +108,7 @@ class Calibration:
 
     def fits(self) -> list[tuple[str, str, int | None, Fit]]:
         """Every fit as (kind, link, group size, fit): point-to-point first, then the collectives."""
-        rows: list[tuple[str, str, int | None, Fit]] = [("p2p", link, 2, fit)
+        rows: list[tuple[str, str, int | None, Fit]] = [("p2p", link, 1 if link == "client" else 2, fit)
                                                         for link, fit in sorted(self.links.items())]
         for kind in COLLECTIVES:
             for link, sizes in sorted(self.collectives.get(kind, {}).items()):
@@ -124,13 +126,15 @@ def calibration_hash(terms: dict, topology_hash: str) -> str:
 # ---------------------------------------------------------------- fitting
 
 
-def fit_latency_bandwidth(samples: list[Sample], label: str) -> Fit:
+def fit_latency_bandwidth(samples: list[Sample], label: str, latency_may_vanish: bool = False) -> Fit:
     """Least squares of latency + bytes / bandwidth over the per-size medians of `samples`.
 
     Relative residuals are minimised (weights 1 / median²): sizes span four orders of magnitude, and
     plain least squares would let the largest size decide the latency too. `label` names the samples
     in the one-line refusal when they cannot determine a fit (fewer than two sizes, a negative or zero
-    latency or bandwidth)."""
+    latency or bandwidth). With `latency_may_vanish` (a cost whose fixed part is measured elsewhere, as
+    the step's launch holds a feed's), a fitted latency at or below zero becomes MIN_LATENCY_S and the
+    bandwidth is fitted through the origin."""
     by_size: dict[int, list[float]] = defaultdict(list)
     for s in samples:
         if s.bytes is None or s.bytes <= 0 or not math.isfinite(s.seconds):
@@ -156,6 +160,8 @@ def fit_latency_bandwidth(samples: list[Sample], label: str) -> Fit:
     latency = (sy - slope * sx) / sw
     if slope <= 0:
         raise FitRefused(f"{label}: time does not grow with size (slope {slope:.3g} s/byte); no bandwidth to fit")
+    if latency <= 0 and latency_may_vanish:
+        latency, slope = MIN_LATENCY_S, sxy / sxx
     if latency <= 0:
         raise FitRefused(f"{label}: the fitted latency is {latency:.3g} s, not positive; measure smaller sizes "
                          "or more repeats")
@@ -194,12 +200,17 @@ def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str,
     links: dict[str, Fit] = {}
     collectives: dict[str, dict[str, dict[int, Fit]]] = {}
     for (kind, link, size), members in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        if kind == "p2p":
+        if kind == "p2p" and link == "client":
+            try:  # optional: a calibration without it leaves the client's feed uncharged
+                links[link] = fit_latency_bandwidth(members, describe_key(kind, link, None), latency_may_vanish=True)
+            except FitRefused:
+                pass
+        elif kind == "p2p":
             links[link] = fit_latency_bandwidth(members, describe_key(kind, link, None))
         elif kind in COLLECTIVES:
             fit = fit_latency_bandwidth(members, describe_key(kind, link, size))
             collectives.setdefault(kind, {}).setdefault(link, {})[int(size)] = fit
-    if not links:
+    if not set(links) - {"client"}:
         raise FitRefused("p2p: no point-to-point samples; a calibration needs at least one link class")
     overheads = Overheads(per_op_s=_overhead(samples, "op", "the per-op cost"),
                           per_step_s=_overhead(samples, "step", "the per-step cost"),

@@ -5,7 +5,7 @@ The file (format "tag-calibration", version 1):
     {"format": "tag-calibration", "version": 1, "topology": NAME, "topology_hash": 16 hex,
      "calibration_hash": 16 hex (optional on import; checked against the terms when given),
      "source", "host", "code_version",
-     "links": {"inter": FIT, "intra": FIT},
+     "links": {"inter": FIT, "intra": FIT, "client": FIT},   (each optional; at least one)
      "collectives": {"allreduce" | "ps" | "broadcast": {"inter" | "intra": {"<group size>": FIT}}},
      "overheads": {"per_op_s", "per_step_s", "per_transfer_s"},
      "samples": [{"kind", "link", "group_size", "bytes", "run", "seconds"}, ...]}

@@ -96,7 +96,7 @@ def measure(target: str, tasks: int, settings: CalibrationSettings, progress: bo
                 raise CalibrationError(f"{label}: no answer within {allowed:g} s; the measurement was "
                                        "stopped") from None
             if line is None:  # the child closed its output
-                detail = " | ".join(x for x in stderr_tail if x.strip() and "oneDNN" not in x)[-600:]
+                detail = " | ".join(x for x in stderr_tail if x and x.strip() and "oneDNN" not in x)[-600:]
                 raise CalibrationError(f"the measuring process ended without finishing: {detail or 'no output'}")
             event = _parse(line)
             if event is None:

@@ -68,16 +68,17 @@ def time_series(series: Series, settings: CalibrationSettings, timed: Callable) 
     """Warm-up runs, then target and base runs interleaved; each sample is (target - base) / the payloads
     chained in the target. The base is the fastest base run: interference only ever adds time, and the
     base's own jitter is divided by the chain like the rest."""
+    target_feed = series.feed_dict()
     for attempt in range(ATTEMPTS):
         for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
-            timed(series.target, series.label)
+            timed(series.target, series.label, target_feed)
             if series.base is not None:
                 timed(series.base, series.label)
         base_times, target_times = [], []
         for _ in range(settings.repeats):
             if series.base is not None:
                 base_times.append(timed(series.base, series.label))
-            target_times.append(timed(series.target, series.label))
+            target_times.append(timed(series.target, series.label, target_feed))
         base = min(base_times) if base_times else 0.0
         values = [(seconds - base) / series.per_step for seconds in target_times]
         if all(math.isfinite(v) and v > 0 for v in values):
@@ -104,11 +105,11 @@ def run(target: str, tasks: int, settings: CalibrationSettings, wait_s: float) -
     session = tf.compat.v1.Session(target, graph=graph.graph, config=session_config(settings.step_timeout_s))
     options = tf.compat.v1.RunOptions(timeout_in_ms=int(settings.step_timeout_s * 1000))
 
-    def timed(op, label: str) -> float:
+    def timed(op, label: str, feed: dict | None = None) -> float:
         report("step", label=label)
         start = time.perf_counter()
         try:
-            session.run(op, options=options)
+            session.run(op, feed_dict=feed, options=options)
         except tf.errors.OpError as exc:
             raise CalibrationError(f"{label}: {type(exc).__name__}: {headline(str(exc))}") from None
         return time.perf_counter() - start

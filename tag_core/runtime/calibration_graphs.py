@@ -12,6 +12,8 @@ What is chained is what the emitter emits (tag_core.emit):
                    (push) and the first sums them with AddN
     broadcast      the first member's tensor read on every other member (a "duplicate" input)
     op             a chain of scalar Adds on one device (the executor's per-op cost)
+    feed           a tensor the client feeds to task 0 each step, as it feeds the batch (link "client";
+                   not chained: a step is fed once; sizes from 64 KB, where a feed stands out of the noise)
     step           one tiny op per task, raw step times (no base)
 
 Payloads are float32 variables (bytes / 4 elements), zeros, read with ReadVariableOp.
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 CHAIN_BYTES = 32 * 2**20  # payloads up to this many bytes in all are chained in one step
 MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around them
+FEED_MIN_BYTES = 64 * 2**10
 
 
 @dataclass
@@ -39,6 +42,15 @@ class Series:
     base: Any | None  # the same devices without the payload; None: samples are raw step times
     per_step: int  # payloads chained in one run of target
     devices: tuple[str, ...]
+    feed: Any | None = None  # the placeholder the client feeds `bytes` to in the target
+
+    def feed_dict(self) -> dict | None:
+        """The target's feed, made once so that making it is not timed."""
+        if self.feed is None:
+            return None
+        import numpy as np
+
+        return {self.feed: np.zeros(self.bytes // 4, np.float32)}
 
     @property
     def label(self) -> str:
@@ -181,6 +193,15 @@ class CalibrationGraph:
                     x = tf.raw_ops.AddV2(x=x, y=x)  # no constants: each op of the chain is one dispatch
         self._add("op", None, (device,), None, [x], length)
 
+    def feed(self, device: str, nbytes: int) -> None:
+        tf = self.tf
+        with self.graph.as_default():
+            with tf.device(device):
+                placeholder = tf.compat.v1.placeholder(tf.float32, [None], name=f"feed_{len(self.series)}")
+                target = tf.group(tf.raw_ops.Identity(input=placeholder))
+            base = self._base((device,))
+        self.series.append(Series("p2p", "client", 1, nbytes, target, base, 1, (device,), feed=placeholder))
+
     def step(self, devices: tuple[str, ...]) -> None:
         with self.graph.as_default():
             target = self._base(devices)
@@ -206,6 +227,9 @@ def build_series(graph: CalibrationGraph, tasks: list[list[str]], settings: Cali
     if len(inter) > 1:
         graph.step(tuple(inter))
     graph.op_chain(inter[0], settings.chain_ops)
+    fed = [nbytes for nbytes in settings.sizes if nbytes >= FEED_MIN_BYTES]
+    for nbytes in fed if len(fed) >= 2 else ():  # a fit needs two sizes; without, feeds stay uncharged
+        graph.feed(inter[0], nbytes)
     for link, a, b in pairs:
         graph.p2p(a, b, link, 4, hops=settings.transfer_hops, kind="sendrecv")
         for nbytes in settings.sizes:

@@ -32,6 +32,7 @@ class CommModel:
     fits: dict[tuple[str, str, int], Fit] = field(default_factory=dict)  # (kind, link, group size)
     calibration_hash: str | None = None
     client_feeds: bool = False  # charge the batch the client feeds through task 0 (simulate/feeds.py)
+    feed_fit: Fit | None = None  # the client's feed to task 0, when the calibration measured it
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CommModel:
@@ -46,7 +47,8 @@ class CommModel:
                    per_step_s=calibration.overheads.per_step_s,
                    step_s_by_tasks={tasks: float(np.median(times)) for tasks, times in steps.items()},
                    link_gbps={link: fit.gbps for link, fit in calibration.links.items()}, fits=fits,
-                   calibration_hash=calibration.calibration_hash, client_feeds=True)
+                   calibration_hash=calibration.calibration_hash, client_feeds=True,
+                   feed_fit=calibration.links.get("client"))
 
     @property
     def calibrated(self) -> bool:
@@ -62,7 +64,7 @@ class CommModel:
         """The topology's machine-by-machine Gbit/s, with each measured link class in place of its figures."""
         matrix = np.array(topology.machine_bandwidth_matrix(), dtype=np.float64)
         diagonal = np.eye(len(matrix), dtype=bool)
-        if "intra" in self.link_gbps:
+        if "intra" in self.link_gbps:  # (the client's link feeds task 0 only: simulate/feeds.py)
             matrix[diagonal] = self.link_gbps["intra"]
         if "inter" in self.link_gbps:
             matrix[~diagonal] = self.link_gbps["inter"]

@@ -5,7 +5,9 @@ launch reaches task 0 and every task that runs an op, so a step on machine 1 alo
 tasks. A calibrated model (`CommModel.client_feeds`) also charges the batch the client feeds: the
 emitter places each input op whole on the first device of its placement and sends each other replica
 its rows from there, so the bytes that land on a machine other than 0 cross before that machine's
-share of the step can start. Uncalibrated, the paper's setting holds: each worker reads its own data.
+share of the step can start; before that, the whole batch goes from the client's process to task 0
+(the calibration's "client" link, when it measured one). Uncalibrated, the paper's setting holds: each
+worker reads its own data.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ def client_cost_s(ctx, s: Strategy, p: Placement, device_busy_s: np.ndarray) -> 
 
 
 def feed_time_s(ctx, s: Strategy, p: Placement) -> float:
-    """The slowest machine's wait for its fed bytes: they leave machine 0 in parallel, one message each."""
+    """The client's feed to task 0, then the slowest machine's wait for its bytes: they leave machine 0 in
+    parallel, one message each."""
     arriving = np.zeros(len(ctx.machine_bw))
-    for op in np.flatnonzero(ctx.is_input):
+    inputs = np.flatnonzero(ctx.is_input)
+    fed = ctx.comm.feed_fit.seconds(float(ctx.act_bytes[inputs].sum())) if ctx.comm.feed_fit and len(inputs) else 0.0
+    for op in inputs:
         whole = float(ctx.act_bytes[op])
         if p.kind[op] == SINGLE:
             devices, fractions = np.array([p.single_dev[op]]), np.ones(1)
@@ -45,8 +50,8 @@ def feed_time_s(ctx, s: Strategy, p: Placement) -> float:
             if ctx.dev_machine[device] != first:
                 arriving[ctx.dev_machine[device]] += whole * fraction
     arriving[MASTER] = 0.0
-    fed = np.flatnonzero(arriving > 0)
-    if len(fed) == 0:
-        return 0.0
-    rates = np.array([bytes_per_s(ctx.machine_bw[MASTER, m]) for m in fed])
-    return float(np.max(ctx.comm.inter_latency_s + arriving[fed] / rates))
+    machines = np.flatnonzero(arriving > 0)
+    if len(machines) == 0:
+        return fed
+    rates = np.array([bytes_per_s(ctx.machine_bw[MASTER, m]) for m in machines])
+    return fed + float(np.max(ctx.comm.inter_latency_s + arriving[machines] / rates))
