@@ -92,6 +92,7 @@ def test_the_latest_plan_is_measured_here_and_stored_beside_its_prediction(tag_h
     assert check.passed == (abs(meta["error_pct"].value) <= THRESHOLD * 100)  # whichever it was, consistently
 
 
+@pytest.mark.slow  # a Dagster run: 5-10 s on a loaded 2-core machine
 def test_a_topology_this_machine_cannot_run_is_not_measured_and_says_why(tag_home):
     _record_topology(GPUS)
     result = _materialize(MultiPartitionKey({"model": MODEL, "topology": "gpus"}))
@@ -106,6 +107,7 @@ def test_a_topology_this_machine_cannot_run_is_not_measured_and_says_why(tag_hom
         assert store.load_measured_steps(conn).empty
 
 
+@pytest.mark.slow  # a Dagster run: 5-10 s on a loaded 2-core machine
 def test_an_unknown_topology_fails_with_one_line(tag_home):
     result = _materialize(MultiPartitionKey({"model": MODEL, "topology": "nowhere"}), raise_on_error=False)
     assert not result.success

@@ -67,17 +67,18 @@ def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config
         if config.steps < 1 or config.warmup < 0:
             raise TagInputError("config", f"steps must be at least 1 and warmup at least 0, got {config.steps} "
                                           f"and {config.warmup}")
-        spec = resolve_model(model_key)
-        with open_store(duckdb) as conn:  # read what is needed, then let go of the store while measuring
-            latest = store.latest_plan(conn, spec.name, topology_key)
+        with open_store(duckdb) as conn:
             topology = recorded_topology(conn, topology_key)
-            profiles = store.load_profiles(conn, spec.name)
-            comm, uncalibrated = comm_for(conn, topology)
-        why = unmeasurable(topology)  # the topology decides, plan or none
+        why = unmeasurable(topology)  # the topology decides, before the model is even loaded
         if why is not None:
             context.log.info(f"measured_step: not measured: {why}")
             return MaterializeResult(check_results=[step_check(None, why)], metadata={"measured": False, "why": why},
                                      data_version=DataVersion(f"unmeasured:{topology.content_hash()}"))
+        spec = resolve_model(model_key)
+        with open_store(duckdb) as conn:  # read what is needed, then let go of the store while measuring
+            latest = store.latest_plan(conn, spec.name, topology_key)
+            profiles = store.load_profiles(conn, spec.name)
+            comm, uncalibrated = comm_for(conn, topology)
         if latest is None:
             raise TagInputError("plan", f"no plan for {spec.name} on {topology_key}; materialize deployment_plan")
         plan_id, plan = latest

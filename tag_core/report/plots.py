@@ -178,7 +178,7 @@ def predicted_vs_measured(rows: list[dict], title: str = "predicted against meas
     if len(labels) > 10:
         ax.text(0.02, 0.98, f"{len(labels) - 10} more models / strategies not in the legend", transform=ax.transAxes,
                 va="top", fontsize=7)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     return _png(fig)
 
