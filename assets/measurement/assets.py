@@ -85,7 +85,9 @@ def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config
         out = measured_folder(spec.name, topology_key)
         _emit_with_prediction(spec, topology, plan, None if profiles.empty else profiles, comm, uncalibrated, out)
     try:
-        measured = measure_folder(out, config.steps, config.warmup, timeout=config.timeout_s, echo=context.log.info)
+        with input_errors_as_failures():  # e.g. local servers this machine refuses to start
+            measured = measure_folder(out, config.steps, config.warmup, timeout=config.timeout_s,
+                                      echo=context.log.info)
     except MeasureFailed as exc:  # one line for the run's page; the run's report beside it
         raise Failure(description=str(exc), metadata={"run": MetadataValue.md(_indented(exc.lines))}) from None
     row = {**measured.row, "plan_id": plan_id}  # the store's plan, whatever id the emission's lineage carries
