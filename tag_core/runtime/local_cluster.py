@@ -39,7 +39,7 @@ from typing import Iterator, Sequence
 
 from tag_core.errors import TagInputError
 
-from . import loopback
+from .loopback import Namespace, NamespaceRefused, child_environment, loopback_namespace
 
 LEADER = "/job:worker/replica:0/task:0"  # collectives need one task to resolve their groups
 STARTUP_S = 120.0  # importing TensorFlow in several processes at once on a small machine
@@ -110,13 +110,13 @@ def local_cluster(tasks: int, devices_per_task: int = 1, startup_s: float = STAR
 
 
 @contextmanager
-def _loopback_only() -> Iterator[loopback.Namespace | None]:
+def _loopback_only() -> Iterator[Namespace | None]:
     """The local run's network namespace (None where TAG_NETNS lets it go without); ServerStartError when
     none can be made and TAG_NETNS requires one."""
     try:
-        with loopback.loopback_namespace() as namespace:
+        with loopback_namespace() as namespace:
             yield namespace
-    except loopback.NamespaceRefused as exc:
+    except NamespaceRefused as exc:
         raise ServerStartError(str(exc)) from None
 
 
@@ -149,7 +149,7 @@ def child_env(threads: int | None) -> dict[str, str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
            # These children never use Keras: TF skips its eager Keras import when told to use the absent tf_keras.
            "TF_USE_LEGACY_KERAS": "1",
-           **loopback.child_environment()}  # inside `local_cluster`: its namespace, joined at import
+           **child_environment()}  # inside `local_cluster`: its namespace, joined at import
     if threads:  # the same count for every pool that reads these (OpenMP, oneDNN, TF's own defaults)
         env.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
                     "TF_NUM_INTEROP_THREADS": str(threads)})

@@ -39,12 +39,12 @@ from typing import Any, Callable
 
 from tag_core.errors import TagInputError
 
-from . import loopback
+from .loopback import NamespaceRefused, child_environment, join_from_environment, loopback_namespace
 
 # Every TF child of this package runs as `python -m tag_core.runtime.<module>`, which imports this module first
 # (tag_core.runtime imports it): a child started inside a local run's network namespace joins it here, before
 # anything in it starts a thread (see tag_core.runtime.loopback). Nothing happens in any other process.
-loopback.join_from_environment()
+join_from_environment()
 
 STARTUP_S = 90.0  # TF import, servers and graph import, before the run's own clock starts
 SHOWN_COLLECTIVES = 6
@@ -188,9 +188,9 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
         result = _supervise(command, meta, deadline, timeout, echo)
     else:  # shared: the worker's in-process servers and its session, in a namespace with only lo up
         try:
-            with loopback.loopback_namespace():
+            with loopback_namespace():
                 result = _supervise(command, meta, deadline, timeout, echo)
-        except loopback.NamespaceRefused as exc:
+        except NamespaceRefused as exc:
             result = RunResult(ok=False, error=f"the local TF servers did not start: {exc}")
             result.lines.append(result.error)
             echo(result.error)
@@ -228,7 +228,7 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
     # The worker never uses Keras. TensorFlow imports all of Keras at start-up (and matplotlib with it) unless
     # told to use the legacy tf_keras package, which it then skips when absent: 2 of 6 s and 80 MB per run.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1",
-           **loopback.child_environment()}  # in the local run's namespace, if one is held
+           **child_environment()}  # in the local run's namespace, if one is held
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds tag_core
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
