@@ -225,6 +225,15 @@ def test_a_child_joins_the_namespace_and_its_wildcard_listener_stays_inside():
     assert loopback.active() is None and loopback.JOIN_ENV not in child_env(threads=1)
 
 
+@needs_namespaces
+def test_open_contexts_share_one_namespace_until_the_last_leaves():
+    with loopback.loopback_namespace() as outer:
+        with loopback.loopback_namespace() as inner:
+            assert inner == outer
+        assert loopback.active() == outer and Path(f"/proc/{outer.pid}").exists()
+    assert loopback.active() is None and not Path(f"/proc/{outer.pid}").exists()  # the holder was reaped
+
+
 def test_a_child_that_cannot_join_ends_rather_than_serve_outside():
     env = {**os.environ, loopback.JOIN_ENV: f"{2**22 + 7}:1:2"}  # no such process
     done = subprocess.run([sys.executable, "-c", "import tag_core.runtime; print('served')"], env=env,

@@ -84,6 +84,8 @@ class Namespace:
 
 _lock = threading.Lock()
 _active: Namespace | None = None
+_holder: subprocess.Popen | None = None
+_users = 0  # open loopback_namespace() contexts sharing _active
 _warned = False
 
 
@@ -107,38 +109,49 @@ def child_environment() -> dict[str, str]:
 
 @contextmanager
 def loopback_namespace() -> Iterator[Namespace | None]:
-    """A private network namespace with only `lo` up, held while the context is open (the one already open
-    when nested); None when TAG_NETNS lets the servers run on the host's network (a warning says so)."""
-    global _active
+    """A private network namespace with only `lo` up, held while the context is open (the one already open,
+    in this or another thread, is shared: it ends when the last user leaves); None when TAG_NETNS lets the
+    servers run on the host's network (a warning says so)."""
+    global _active, _holder, _users
     with _lock:
-        outer = _active
-    if outer is not None:
-        yield outer
-        return
-    chosen = policy()
-    if chosen == "off":
-        _warn(f"{POLICY_ENV}=off")
+        if _active is not None:
+            _users += 1
+            held = _active
+        else:
+            held = _open()
+    if held is None:
         yield None
         return
-    try:
-        holder, held = _start_holder()
-    except NamespaceUnavailable as exc:
-        if chosen == "require":
-            raise NamespaceRefused(
-                f"refusing to start TF servers that would listen on every interface of this machine, "
-                f"unauthenticated (TensorFlow binds 0.0.0.0): a private network namespace is not available here "
-                f"({exc}); set {POLICY_ENV}=off to run them exposed anyway") from None
-        _warn(f"no private network namespace here: {exc}")
-        yield None
-        return
-    with _lock:
-        _active = held
     try:
         yield held
     finally:
         with _lock:
-            _active = None
-        _stop_holder(holder)
+            _users -= 1
+            if _users == 0:
+                holder, _active, _holder = _holder, None, None
+                _stop_holder(holder)
+
+
+def _open() -> Namespace | None:
+    """Start holding a namespace (under _lock), or None where TAG_NETNS allows going without one."""
+    global _active, _holder, _users
+    chosen = policy()
+    if chosen == "off":
+        _warn(f"{POLICY_ENV}=off")
+        return None
+    try:
+        _holder, _active = _start_holder()
+    except NamespaceUnavailable as exc:
+        why = exc.strerror or str(exc)
+        if chosen == "require":
+            raise NamespaceRefused(
+                f"refusing to start TF servers that would listen on every interface of this machine, "
+                f"unauthenticated (TensorFlow binds 0.0.0.0): a private network namespace is not available here "
+                f"({why}); set {POLICY_ENV}=off to run them exposed anyway") from None
+        _warn(f"no private network namespace here: {why}")
+        return None
+    _users = 1
+    return _active
 
 
 def _warn(why: str) -> None:
