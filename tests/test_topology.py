@@ -314,7 +314,7 @@ def test_load_topology_file_errors_name_the_file(tmp_path):
     nan.write_text(json.dumps(example()).replace('"inter_gbps": 100', '"inter_gbps": NaN'))
     with pytest.raises(TagInputError) as err:
         load_topology(nan)
-    assert err.value.where == str(nan) and "NaN" in err.value.problem
+    assert err.value.where == "inter_gbps" and "NaN" in err.value.problem and str(nan) in err.value.problem
 
 
 # ---------------------------------------------------------------- random topologies

@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     rand.set_defaults(run=run_random)
 
 
+MAX_LINKS_SHOWN = 50
+
+
 def _fmt(x: float) -> str:
     return f"{x:g}"
 
@@ -52,9 +55,10 @@ def run_validate(args) -> int:
     width = max(len("machine"), *(len(m.name) for m in topo.machines))
     gwidth = max(len("gpu"), *(len(m.gpu.name) for m in topo.machines))
     print(f"  {'#':>2}  {'machine':<{width}}  {'gpu':<{gwidth}}  {'count':>5}  {'intra Gbps':>10}  devices")
+    first = 0  # devices are numbered machine-major: each machine's run follows the previous one's
     for i, m in enumerate(topo.machines):
-        devs = [d.index for d in topo.devices if d.machine == i]
-        span = f"{devs[0]}" if len(devs) == 1 else f"{devs[0]}-{devs[-1]}"
+        span = f"{first}" if m.count == 1 else f"{first}-{first + m.count - 1}"
+        first += m.count
         print(f"  {i:>2}  {m.name:<{width}}  {m.gpu.name:<{gwidth}}  {m.count:>5}  {_fmt(m.intra_gbps):>10}  {span}")
     print("GPU types:")
     specs = {m.gpu.name: m.gpu for m in topo.machines}
@@ -63,8 +67,10 @@ def run_validate(args) -> int:
         print(f"  {name:<{gwidth}}  x{count:<3} {_fmt(g.tflops)} TFLOP/s FP32, {_fmt(g.mem_gb)} GB, {_fmt(g.mem_bw_gbps)} GB/s")
     if topo.links:
         print("links (override inter-machine bandwidth):")
-        for a, b, gbps in topo.links:
+        for a, b, gbps in topo.links[:MAX_LINKS_SHOWN]:
             print(f"  {a} <-> {b}: {_fmt(gbps)} Gbps")
+        if len(topo.links) > MAX_LINKS_SHOWN:  # a per-pair matrix can make millions
+            print(f"  ... and {len(topo.links) - MAX_LINKS_SHOWN:,} more (--json lists them all)")
     return 0
 
 

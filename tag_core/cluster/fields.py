@@ -31,7 +31,12 @@ def is_positive_int(value: Any) -> bool:
 
 
 def is_positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an integer past float's range (a 400-digit JSON number)
+        return False
 
 
 def describe(value: Any) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from tag_core.errors import TagInputError
 
-from .fields import MAX_DEVICES, bounded_number, gpu_count, require
+from .fields import MAX_DEVICES, RANGES, bounded_number, gpu_count, is_positive_number, require
 from .gpu_catalog import CATALOG, GpuType, is_catalog_entry
 
 
@@ -63,17 +63,21 @@ class Topology:
             # Profiles are keyed by GPU type name, so one name must mean one spec.
             prior = gpu_specs.setdefault(m.gpu.name.lower(), (i, m.gpu))
             require(prior[1] == m.gpu, f"machines[{i}].gpu", f"GPU type {m.gpu.name!r} differs from its definition in machines[{prior[0]}]")
-        pairs: dict[frozenset[int], int] = {}
+        pairs: dict[tuple[int, int], int] = {}
+        low, high, _ = RANGES["gbps"]
         for j, (a, b, gbps) in enumerate(self.links):
+            # A per-pair matrix can make millions of links: messages are built only on failure.
             ia = seen.get(a.lower())
             ib = seen.get(b.lower())
-            require(ia is not None, f"links[{j}].a", f"unknown machine {a!r}")
-            require(ib is not None, f"links[{j}].b", f"unknown machine {b!r}")
-            require(ia != ib, f"links[{j}]", f"joins machine {a!r} to itself; set its intra_gbps instead")
-            pair = frozenset((ia, ib))
-            require(pair not in pairs, f"links[{j}]", f"duplicate link between {a!r} and {b!r} (also links[{pairs.get(pair)}])")
+            pair = (ia, ib) if ia is None or ib is None or ia < ib else (ib, ia)
+            if ia is None or ib is None or ia == ib or pair in pairs or not (
+                    is_positive_number(gbps) and low <= gbps <= high):
+                require(ia is not None, f"links[{j}].a", f"unknown machine {a!r}")
+                require(ib is not None, f"links[{j}].b", f"unknown machine {b!r}")
+                require(ia != ib, f"links[{j}]", f"joins machine {a!r} to itself; set its intra_gbps instead")
+                require(pair not in pairs, f"links[{j}]", f"duplicate link between {a!r} and {b!r} (also links[{pairs.get(pair)}])")
+                bounded_number(gbps, f"links[{j}].gbps", "gbps")
             pairs[pair] = j
-            bounded_number(gbps, f"links[{j}].gbps", "gbps")
         total = sum(m.count for m in self.machines)
         require(total <= MAX_DEVICES, "machines", f"{total} GPUs in all; TAG plans at most {MAX_DEVICES}")
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from tag_core.errors import TagInputError
-from tag_core.files import reject_json_constant
 
-from .fields import bounded_number, describe, gpu_count, is_positive_number, json_object, nonempty_string, require
+from .fields import RANGES, bounded_number, describe, gpu_count, is_positive_number, json_object, nonempty_string, require
 from .gpu_catalog import CATALOG_BY_LOWER, GpuType, lookup_gpu
+from .pair_matrix import PairMatrix, read_matrix, split_document
 from .topology import Machine, Topology
 
 
@@ -63,7 +63,7 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
         )
     raw_links = obj.get("links", [])
     require(isinstance(raw_links, list), "links", f"must be a list, got {describe(raw_links)}")
-    if isinstance(obj["inter_gbps"], list):
+    if isinstance(obj["inter_gbps"], (list, PairMatrix)):
         require(not raw_links, "links", "cannot be combined with a per-pair inter_gbps matrix")
         inter, pair_links = _inter_matrix(obj["inter_gbps"], machines)
         return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=pair_links)
@@ -77,7 +77,8 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
         ends = []
         for end in ("a", "b"):
             label = nonempty_string(link[end], f"{where}.{end}")
-            require(label.lower() in spelled, f"{where}.{end}", f"unknown machine {label!r}; known: {', '.join(m.name for m in machines)}")
+            if label.lower() not in spelled:  # the list of names only when it is needed: links x machines
+                raise TagInputError(f"{where}.{end}", f"unknown machine {label!r}; known: {', '.join(m.name for m in machines)}")
             ends.append(spelled[label.lower()])
         links.append((ends[0], ends[1], bounded_number(link["gbps"], f"{where}.gbps", "gbps")))
     return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=tuple(links))
@@ -85,22 +86,29 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
 
 def _inter_matrix(rows: Any, machines: list[Machine]) -> tuple[float, tuple[tuple[str, str, float], ...]]:
     """A per-pair matrix (one row per machine, symmetric, diagonal ignored) as inter_gbps plus links:
-    its most common off-diagonal figure becomes inter_gbps, and every other pair a link."""
+    its most common off-diagonal figure becomes inter_gbps, and every other pair a link.
+    Vectorised: a 4096-machine matrix has 8.4 million pairs."""
     n = len(machines)
-    require(len(rows) == n and all(isinstance(r, list) and len(r) == n for r in rows), "inter_gbps",
-             f"a per-pair matrix must be {n}x{n}, one row and one column per machine")
+    if isinstance(rows, PairMatrix):
+        matrix = rows  # the fast reader only returns an n x n matrix
+    else:
+        require(len(rows) == n and all(isinstance(r, list) and len(r) == n for r in rows), "inter_gbps",
+                f"a per-pair matrix must be {n}x{n}, one row and one column per machine")
+        matrix = PairMatrix.from_rows(rows)
     if n == 1:
         return 1.0, ()  # one machine: no inter-machine traffic; any positive figure stands in
-    pairs = {}
-    for i in range(n):
-        for j in range(i + 1, n):
-            gbps = bounded_number(rows[i][j], f"inter_gbps[{i}][{j}]", "gbps")
-            require(is_positive_number(rows[j][i]) and float(rows[j][i]) == gbps, f"inter_gbps[{j}][{i}]",
-                     f"must equal inter_gbps[{i}][{j}] ({gbps:g}): a link has one bandwidth, got {describe(rows[j][i])}")
-            pairs[(i, j)] = gbps
-    figures = sorted(pairs.values())
-    inter = max(figures, key=figures.count)  # ties: the smallest of the most common
-    links = tuple((machines[i].name, machines[j].name, g) for (i, j), g in pairs.items() if g != inter)
+    low, high, _ = RANGES["gbps"]
+    bad = matrix.first_bad_pair(low, high)
+    if bad is not None:  # the pair-by-pair checks of that pair raise the error
+        i, j = bad
+        gbps = bounded_number(matrix.original(i, j), f"inter_gbps[{i}][{j}]", "gbps")
+        lower = matrix.original(j, i)
+        require(False, f"inter_gbps[{j}][{i}]",
+                f"must equal inter_gbps[{i}][{j}] ({gbps:g}): a link has one bandwidth, got {describe(lower)}")
+    inter, link_rows, link_cols = matrix.most_common()
+    names = [m.name for m in machines]
+    figures = matrix.values[link_rows, link_cols].tolist()
+    links = tuple((names[i], names[j], g) for i, j, g in zip(link_rows.tolist(), link_cols.tolist(), figures))
     return inter, links
 
 
@@ -124,16 +132,70 @@ def load_topology(path: str | Path) -> Topology:
     return topology_from_json(data, str(p))
 
 
-def topology_from_json(data: bytes | str, source: str) -> Topology:
-    """Decode and validate a snapshot's JSON text (the CLI's files and the sensor's alike); errors name `source`."""
+class _Constant:
+    """What json.loads gives for NaN, Infinity and -Infinity here: a marker whose place names the field."""
+
+    def __init__(self, token: str):
+        self.token = token
+
+
+def _constant_path(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(field path, token) of the first NaN/Infinity in document order, or None."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _Constant):
+            return path or "topology", item.token
+        if isinstance(item, dict):
+            stack.extend(reversed([(v, f"{path}.{k}" if path else str(k)) for k, v in item.items()]))
+        elif isinstance(item, list) and any(isinstance(x, (dict, list, _Constant)) for x in item):
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(item)]))
+    return None
+
+
+def _decode(data: bytes | str, source: str) -> Any:
+    """JSON text as Python values; errors name `source`, or the field for NaN and Infinity."""
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
         raise TagInputError(source, f"cannot read topology file: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    constants = []
+
+    def constant(token: str) -> _Constant:
+        constants.append(token)
+        return _Constant(token)
+
     try:
-        parsed = json.loads(text, parse_constant=reject_json_constant, object_pairs_hook=_unique_keys)
+        parsed = json.loads(text, parse_constant=constant, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError) as exc:
         raise TagInputError(source, f"not valid JSON: {exc}") from None
     except RecursionError:
         raise TagInputError(source, "not valid JSON: nested too deeply") from None
-    return parse_topology(parsed, source=source)
+    if constants:  # Python's json takes NaN and Infinity, which are not JSON: say where the first one is
+        where, token = _constant_path(parsed) or (source, constants[0])
+        raise TagInputError(where, f"{token} is not valid JSON; give a finite number (in {source})")
+    return parsed
+
+
+def topology_from_json(data: bytes | str, source: str) -> Topology:
+    """Decode and validate a snapshot's JSON text (the CLI's files and the sensor's alike); errors name `source`.
+
+    A per-pair matrix is read by `pair_matrix` when it is plain numbers; the rest of the document, and
+    any document the fast reader declines, by json."""
+    try:
+        raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates in a str: json's own path reports the document
+        raw = None
+    split = split_document(raw) if raw is not None else None
+    if split is not None:
+        rest, placeholder, matrix_text = split
+        try:
+            parsed = _decode(rest, source)
+        except TagInputError:
+            parsed = None  # the whole file again, so the error's positions are the file's
+        if isinstance(parsed, dict) and parsed.get("inter_gbps") == placeholder and isinstance(parsed.get("machines"), list):
+            matrix = read_matrix(matrix_text, len(parsed["machines"]))
+            if matrix is not None:
+                parsed["inter_gbps"] = matrix
+                return parse_topology(parsed, source=source)
+    return parse_topology(_decode(data, source), source=source)
