@@ -83,6 +83,7 @@ def test_duckdb_never_fetches_extensions_on_connect(tmp_path, monkeypatch):
 
 def test_locked_database_names_the_holder(tmp_path, capsys):
     db = make_db(tmp_path / "x.duckdb", tmp_path)
+    capsys.readouterr()  # the import's warning: mlp is not captured in this store
     holder = subprocess.Popen(
         [sys.executable, "-c", f"import duckdb, sys, time; c = duckdb.connect({str(db)!r}); print('ok', flush=True); "
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)

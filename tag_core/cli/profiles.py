@@ -13,6 +13,9 @@ def register(subparsers) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     importer = actions.add_parser("import", help="import a CSV of op profiles (e.g. taken on real GPUs)")
     importer.add_argument("file", help="CSV with columns model, op, device_type, batch_size, run, time_us")
+    importer.add_argument("--strict", action="store_true",
+                          help="refuse rows whose model or op the store has not captured (default: import them "
+                               "and warn with their count)")
     importer.set_defaults(run=run_import)
     exporter = actions.add_parser("export", help="write stored op profiles as CSV")
     exporter.add_argument("--model", help="only this model")
@@ -26,14 +29,17 @@ def register(subparsers) -> None:
 
 def run_import(args) -> int:
     from tag_core import store
-    from tag_core.profile.csv_files import read_profile_csv
+    from tag_core.profile.csv_files import read_profile_csv, unknown_rows
 
     rows = read_profile_csv(args.file)  # read once, validated before the store opens: nothing written on bad input
     conn = open_store(args)
     try:
+        warning = unknown_rows(conn, rows, args.file, strict=args.strict)  # --strict: raises before any write
         count = store.replace_profiles(conn, rows)
     finally:
         conn.close()
+    if warning:
+        print(f"tag: warning: {warning}", file=sys.stderr)
     print(f"imported {count} profile rows from {args.file}")
     return 0
 

@@ -10,11 +10,15 @@ from pathlib import Path
 import pandas as pd
 
 from tag_core import store
+from tag_core.cluster.gpu_catalog import CATALOG, CATALOG_BY_LOWER
 from tag_core.errors import TagInputError
 from tag_core.limits import INT32_MAX
 
 REQUIRED = ["model", "op", "device_type", "batch_size", "run", "time_us"]
 OPTIONAL = ["host", "tf_version", "profiled_at", "overhead_us"]
+# No op of one training step runs for an hour: a larger time is a unit mistake or a corrupt file, and
+# would make the planner's arithmetic overflow (1e30 us planned a 1.7e27x speedup).
+MAX_OP_US = 3.6e9
 
 
 def read_profile_csv(path: str | Path) -> pd.DataFrame:
@@ -72,7 +76,11 @@ def _validated_row(record: dict, where: str) -> dict:
         if not value:
             raise TagInputError(f"{where}.{column}", "must not be empty")
         row[column] = value
-    row["device_type"] = row["device_type"].lower() if row["device_type"].lower() == "cpu" else row["device_type"]
+    # The cost model looks device types up by catalog name; the catalog's spelling is stored.
+    device = CATALOG_BY_LOWER.get(row["device_type"].lower())
+    if device is None:
+        raise TagInputError(f"{where}.device_type", f"unknown device type {row['device_type']!r}; known: {', '.join(CATALOG)}")
+    row["device_type"] = device.name
     for column, lowest in (("batch_size", 1), ("run", 0)):
         try:
             value = int(record[column])
@@ -87,8 +95,10 @@ def _validated_row(record: dict, where: str) -> dict:
         time_us = float(record["time_us"])
     except ValueError:
         raise TagInputError(f"{where}.time_us", f"must be a number, got {record['time_us']!r}")
-    if not math.isfinite(time_us) or time_us < 0:
-        raise TagInputError(f"{where}.time_us", f"must be a finite number >= 0, got {record['time_us']!r}")
+    # 0 is a time: the profiler records it for an op the runtime did not run.
+    if not (math.isfinite(time_us) and 0 <= time_us <= MAX_OP_US):
+        raise TagInputError(f"{where}.time_us", f"must be a finite number of microseconds from 0 to {MAX_OP_US:.1e} "
+                                                f"(one hour per op), got {record['time_us']!r}")
     row["time_us"] = time_us
     # The executor's cost beyond the kernel (tag_core.profile.profiler); empty: not measured.
     overhead = (record.get("overhead_us") or "").strip()
@@ -97,8 +107,9 @@ def _validated_row(record: dict, where: str) -> dict:
             value = float(overhead)
         except ValueError:
             raise TagInputError(f"{where}.overhead_us", f"must be a number or empty, got {overhead!r}")
-        if not math.isfinite(value):  # negative where tracing added more than the executor spent
-            raise TagInputError(f"{where}.overhead_us", f"must be a finite number or empty, got {overhead!r}")
+        if not (math.isfinite(value) and abs(value) <= MAX_OP_US):  # negative where tracing added more than the executor spent
+            raise TagInputError(f"{where}.overhead_us", f"must be empty or a finite number of microseconds within "
+                                                        f"+-{MAX_OP_US:.1e} (one hour per op), got {overhead!r}")
         row["overhead_us"] = value
     else:
         row["overhead_us"] = None
@@ -114,9 +125,36 @@ def _validated_row(record: dict, where: str) -> dict:
     return row
 
 
-def import_profiles(conn, path: str | Path) -> int:
-    """Validate the whole file first, then replace the (model, device_type, batch_size) sets it covers."""
-    return store.replace_profiles(conn, read_profile_csv(path))
+def unknown_rows(conn, rows: pd.DataFrame, source: str | Path, strict: bool = False) -> str | None:
+    """Rows whose model the store has not captured, or whose op is not in the model's captured graph:
+    None when there are none; with `strict`, a TagInputError naming the first row; else a warning line
+    that counts them. (The planner ignores such rows, so they are most likely a typo or a stale file.)"""
+    captured = set(store.list_captured_models(conn))
+    ops = {model: {op[0] for op in store.op_graph_rows(conn, model)[1]}
+           for model in rows["model"].unique() if model in captured}
+    no_model = ~rows["model"].isin(captured)
+    no_op = pd.Series([model in ops and op not in ops[model] for model, op in zip(rows["model"], rows["op"])],
+                      index=rows.index, dtype=bool)
+    if not no_model.any() and not no_op.any():
+        return None
+    first = int((no_model | no_op).idxmax())
+    column = "model" if no_model[first] else "op"
+    what = (f"model {rows.at[first, 'model']!r} has not been captured" if column == "model"
+            else f"op {rows.at[first, 'op']!r} is not in the captured graph of {rows.at[first, 'model']!r}")
+    if strict:
+        raise TagInputError(f"{source}:{first + 2}.{column}", f"{what} (--strict refuses rows the store does not know)")
+    return (f"{int(no_model.sum())} row(s) name a model the store has not captured and {int(no_op.sum())} an op not "
+            f"in the model's captured graph (first: {source}:{first + 2}, {what}); imported anyway, "
+            "--strict refuses them")
+
+
+def import_profiles(conn, path: str | Path, strict: bool = False) -> int:
+    """Validate the whole file first, then replace the (model, device_type, batch_size) sets it covers.
+    With `strict`, rows of a model or op the store does not know are refused too."""
+    rows = read_profile_csv(path)
+    if strict:
+        unknown_rows(conn, rows, path, strict=True)
+    return store.replace_profiles(conn, rows)
 
 
 def export_profiles(conn, model: str | None = None, device_type: str | None = None) -> str:
