@@ -18,15 +18,15 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
     """
     path = Path(path)
     directory = path.parent
-    if path.is_dir():
-        raise TagInputError(where, f"{str(path)!r} is a directory; give a file name")
     if make_parents:
+        if path.is_dir():
+            raise TagInputError(where, f"{str(path)!r} is a directory; give a file name")
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # e.g. a file where a directory should be
             raise TagInputError(where, f"cannot create directory {str(directory)!r} ({exc.strerror})") from None
-    elif not directory.is_dir():
-        raise TagInputError(where, f"directory {str(directory)!r} does not exist")
+    else:
+        output_file(path, where)
     try:
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
@@ -39,6 +39,34 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def output_file(text: str | Path, argument: str) -> Path:
+    """`text` as a file a command will write: its folder must exist (a typo must not create a tree of
+    folders) and it must not be a folder. Every command checks its output paths with this (or
+    `output_folder`) before any slow work; TagInputError naming `argument` otherwise."""
+    path = Path(text)
+    _parent_exists(path, argument)
+    if path.is_dir():
+        raise TagInputError(argument, f"{str(path)!r} is a directory; give a file name")
+    return path
+
+
+def output_folder(text: str | Path, argument: str) -> Path:
+    """`text` as a folder a command will create or fill: the folder it sits in must exist, and it must
+    not be a file. TagInputError naming `argument` otherwise."""
+    path = Path(text)
+    _parent_exists(path, argument)
+    if path.exists() and not path.is_dir():
+        raise TagInputError(argument, f"{str(path)!r} is a file; give a folder")
+    return path
+
+
+def _parent_exists(path: Path, argument: str) -> None:
+    parent = path.parent
+    if not parent.is_dir():
+        problem = "is not a directory" if parent.exists() else "does not exist"
+        raise TagInputError(argument, f"directory {str(parent)!r} {problem}")
 
 
 def input_file(text: str | Path, argument: str) -> Path:

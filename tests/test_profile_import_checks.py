@@ -91,7 +91,6 @@ def test_out_of_range_or_unknown_values_are_refused(db, tmp_path, capsys, column
 
 def test_zero_time_and_any_catalog_spelling_are_taken(db, tmp_path, capsys):
     path, model, ops = db
-    csv = tmp_path / "ok.csv"
     ok = tmp_path / "ok.csv"
     ok.write_text(csv_text((model, ops[0], "h200-141gb", 8, 0, 0, ""), (model, ops[1], "CPU", 8, 0, 3600000000, -2)))
     assert main(["--db", str(path), "profiles", "import", str(ok)]) == 0

@@ -145,11 +145,12 @@ def run(args) -> int:
     from tag_core.emit.emitter import emit, plan_topology, read_plan
     from tag_core.emit.folder import write_emission
     from tag_core.errors import TagInputError
+    from tag_core.files import output_folder
     from tag_core.search.strategy_files import is_strategy_file, read_plan_file
 
     if args.strategy and not args.topology:
         raise TagInputError("--topology", "is required with --strategy")
-    out = Path(args.out)
+    out = output_folder(args.out, "--out")
     if out.exists() and not args.force:
         raise TagInputError("--out", f"{out} exists; pass --force to replace it")
     topology = load_topology(args.topology) if args.topology else None

@@ -15,7 +15,6 @@ from ._common import (
     positive_int,
     positive_int32,
     print_json,
-    require,
 )
 
 
@@ -63,7 +62,7 @@ def run(args) -> int:
     from tag_core.capture.steps import ensure_captured
     from tag_core.cluster.topology_json import load_topology
     from tag_core.errors import TagInputError
-    from tag_core.files import write_atomically
+    from tag_core.files import output_file, write_atomically
     from tag_core.gnn.prior import choose_prior
     from tag_core.plan.planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
     from tag_core.plan.warm_start import warm_start_problem
@@ -73,9 +72,7 @@ def run(args) -> int:
 
     topology = load_topology(args.topology)
     if args.out:
-        out_dir = Path(args.out).parent
-        require(out_dir.is_dir(), "--out", f"directory {str(out_dir)!r} does not exist")
-        require(not Path(args.out).is_dir(), "--out", f"{args.out} is a directory")  # found before the search
+        output_file(args.out, "--out")  # found before the search
     warm = _read_plan(args.warm_start) if args.warm_start else None
     if args.checkpoint and Path(args.checkpoint).is_dir():
         raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")

@@ -45,9 +45,11 @@ def run_import(args) -> int:
 
 
 def run_export(args) -> int:
-    from tag_core.files import write_atomically
+    from tag_core.files import output_file, write_atomically
     from tag_core.profile.csv_files import export_profiles
 
+    if args.out:  # before the store opens
+        output_file(args.out, "--out")
     conn = open_store(args, read_only=True)
     try:
         text = export_profiles(conn, args.model, args.device_type)

@@ -13,8 +13,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from tag_core import store
+    from tag_core.files import output_folder
     from tag_core.report.html import build_report, format_table, plan_table_rows
 
+    if args.out:  # the default, under TAG_HOME, is made as needed
+        output_folder(args.out, "--out")
     conn = open_store(args, read_only=True)
     try:
         path = build_report(conn, args.out or store.tag_home() / "report")

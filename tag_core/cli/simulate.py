@@ -25,11 +25,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from tag_core.capture.models import resolve_model
     from tag_core.cluster.topology_json import load_topology
+    from tag_core.files import output_file
     from tag_core.search.strategy_files import check_strategy_name, is_strategy_file, load_strategy, read_plan_file
     from tag_core.simulate.simulator import Simulator
     from tag_core.simulate.timeline import check_timeline_path
 
     if args.timeline:  # before the slow steps
+        output_file(args.timeline, "--timeline")
         check_timeline_path(args.timeline)
     topology = load_topology(args.topology)
     spec = resolve_model(args.model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tag_core.files import write_atomically
+from tag_core.files import output_file, write_atomically
 
 from ._common import print_json
 
@@ -77,6 +77,8 @@ def run_validate(args) -> int:
 def run_random(args) -> int:
     from tag_core.cluster.topology import random_topology
 
+    if args.out:
+        output_file(args.out, "--out")
     topo = random_topology(args.seed)
     text = json.dumps(topo.to_dict(), indent=2) + "\n"
     if args.out:

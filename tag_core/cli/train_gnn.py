@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from tag_core.capture.models import split_models
+from tag_core.files import output_file
 
-from ._common import non_negative_int, open_store, positive_float, positive_int, require
+from ._common import non_negative_int, open_store, positive_float, positive_int
 
 # Defaults of the options that --resume may take from the checkpoint instead.
 _DEFAULTS = {"topologies": 64, "seed": 0, "episodes": 6, "iterations": 100}
@@ -35,9 +35,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    out = Path(args.out)
-    require(out.parent.is_dir(), "--out", f"directory {str(out.parent)!r} does not exist")
-    require(not out.is_dir(), "--out", f"{out} is a directory")
+    out = output_file(args.out, "--out")
     from tag_core.gnn.checkpoint import load_checkpoint
     from tag_core.gnn.train import TrainConfig, train
     from tag_core.report.plots import training_curve
