@@ -139,6 +139,15 @@ def _as_spec(built: Any, reference: str, builder: Callable) -> ModelSpec:
         raise TagInputError(
             "model", f"builder {reference} returned {type(built).__name__}; expected a ModelSpec or a keras.Model"
         )
+    # A Sequential without an Input (or a subclassed model never called) has no graph to trace yet:
+    # keras raises AttributeError from `.inputs`/`.outputs`.
+    try:
+        defined = bool(built.inputs) and bool(built.outputs)
+    except AttributeError:
+        defined = False
+    if not defined:
+        raise TagInputError("model", f"{reference}: model has no defined inputs; give it a keras.Input "
+                                     "(e.g. keras.Input((12,)) as the first layer of a Sequential)")
     if len(built.outputs) != 1:
         raise TagInputError("model", f"{reference} has {len(built.outputs)} outputs; a plain keras.Model needs one "
                                      "(return a ModelSpec with a loss over all of them)")
