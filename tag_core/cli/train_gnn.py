@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from tag_core.capture.models import split_models
 from tag_core.files import output_file
 
 from ._common import non_negative_int, open_store, positive_float, positive_int
@@ -36,6 +35,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     out = output_file(args.out, "--out")
+    from tag_core.capture.models import split_models  # here, not at the top: every `tag` command imports this module
     from tag_core.gnn.checkpoint import load_checkpoint
     from tag_core.gnn.train import TrainConfig, train
     from tag_core.report.plots import training_curve
