@@ -106,11 +106,10 @@ def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config
 def _emit_with_prediction(spec, topology, plan, profiles, comm, uncalibrated, out) -> None:
     """Emit the plan for CPU devices and write it with its prediction, exactly as `tag emit --device-kind cpu`
     records it (one definition of the prediction for `tag run --measure` and this asset)."""
-    from tag_core.cli.emit import prediction
-    from tag_core.emit import emit, plan_strategy, write_emission
+    from tag_core.emit import emit, plan_strategy, predict_emission, write_emission
 
     emission = emit(spec, topology, plan_strategy(plan), "cpu", plan=plan, profiles=profiles)
-    write_emission(emission, out, force=True, prediction=prediction(emission, profiles, comm, uncalibrated))
+    write_emission(emission, out, force=True, prediction=predict_emission(emission, profiles, comm, uncalibrated))
 
 
 def _figures(row: dict, measured) -> dict:

@@ -66,26 +66,6 @@ def _communication(args, topology):
         conn.close()
 
 
-def prediction(emission, profiles, comm, uncalibrated: str | None) -> dict:
-    """The predicted step time of an emission, for plan.json: the simulator on the emitted strategy at the
-    emitted batch, with `comm` (the topology's calibration, when one applies). SFB decisions are left
-    out: the emitter builds every gradient's ordinary sync."""
-    import copy
-
-    from tag_core.simulate.simulator import Simulator
-
-    strategy = copy.copy(emission.strategy)
-    left_out = len(strategy.sfb)
-    strategy.sfb = {}
-    sim = Simulator(emission.graph, emission.topology, profiles, batch_size=emission.batch_size, comm=comm)
-    result = sim.run(strategy)
-    return {"iteration_time_s": float(result.iteration_time_s), "oom": bool(result.oom),
-            "calibration": comm.calibration_hash, "uncalibrated_because": uncalibrated,
-            "profiled_types": sim.compute.profiled_types, "batch_size": sim.batch,
-            "busy_s": [float(b) for b in result.busy_s], "comm_s": {k: float(v) for k, v in result.comm_s.items()},
-            **({"sfb_left_out": left_out} if left_out else {})}
-
-
 def _fusion(args, model: str):
     """A function of the captured graph and step giving the fusion plan to mark, or None."""
     from tag_core.errors import TagInputError
@@ -144,6 +124,7 @@ def run(args) -> int:
     from tag_core.cluster.topology_json import load_topology
     from tag_core.emit.emitter import emit, plan_topology, read_plan
     from tag_core.emit.folder import write_emission
+    from tag_core.emit.prediction import predict_emission
     from tag_core.errors import TagInputError
     from tag_core.files import output_folder
     from tag_core.search.strategy_files import is_strategy_file, read_plan_file
@@ -176,7 +157,7 @@ def run(args) -> int:
         predicted = {"iteration_time_s": None, "why": "emitted with a fusion plan, which the prediction does not "
                                                       "cost; emit without --fusion to record one"}
     else:
-        predicted = prediction(emission, profiles, *_communication(args, topology))
+        predicted = predict_emission(emission, profiles, *_communication(args, topology))
     write_emission(emission, out, force=args.force, prediction=predicted)
     summary = emission.summary()
     if args.json:

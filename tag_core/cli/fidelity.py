@@ -189,7 +189,7 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
     from tag_core.errors import TagInputError
     from tag_core.simulate.simulator import Simulator
 
-    from .emit import prediction
+    from tag_core.emit.prediction import predict_emission
 
     row = {"strategy": name, "predicted_s": None, "measured_s": None, "spread_s": None}
 
@@ -201,7 +201,7 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
     try:
         _say(f"{label}: emitting")
         emission = emit(spec, topology, build, "cpu", profiles=profiles)
-        predicted = prediction(emission, profiles, comm, uncalibrated)
+        predicted = predict_emission(emission, profiles, comm, uncalibrated)
         write_emission(emission, folder, prediction=predicted)
     except (TagInputError, RuntimeError) as exc:  # a strategy the emitter cannot build: this row fails alone
         row["error"] = f"emit failed: {exc}"

@@ -17,8 +17,9 @@ from .emitter import (
     resolve_strategy,
 )
 from .folder import write_emission
+from .prediction import predict_emission
 
 __all__ = [
     "DEVICE_KINDS", "Emission", "check_lineage", "emit", "emit_folder", "plan_strategy", "plan_topology",
-    "read_plan", "resolve_strategy", "write_emission",
+    "predict_emission", "read_plan", "resolve_strategy", "write_emission",
 ]

@@ -1,0 +1,27 @@
+"""What the simulator predicts for an emitted step: plan.json's `prediction`, which `tag run --measure`,
+`tag fidelity` and the measured_step asset set beside the measured step."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tag_core.simulate.comm import CommModel
+from tag_core.simulate.simulator import Simulator
+
+from .emission import Emission
+
+
+def predict_emission(emission: Emission, profiles, comm: CommModel, uncalibrated: str | None) -> dict[str, Any]:
+    """The simulator on the emitted strategy at the emitted batch, with `comm` (the topology's calibration,
+    when one applies). SFB decisions are left out: the emitter builds every gradient's ordinary sync."""
+    strategy = copy.copy(emission.strategy)
+    left_out = len(strategy.sfb)
+    strategy.sfb = {}
+    sim = Simulator(emission.graph, emission.topology, profiles, batch_size=emission.batch_size, comm=comm)
+    result = sim.run(strategy)
+    return {"iteration_time_s": float(result.iteration_time_s), "oom": bool(result.oom),
+            "calibration": comm.calibration_hash, "uncalibrated_because": uncalibrated,
+            "profiled_types": sim.compute.profiled_types, "batch_size": sim.batch,
+            "busy_s": [float(b) for b in result.busy_s], "comm_s": {k: float(v) for k, v in result.comm_s.items()},
+            **({"sfb_left_out": left_out} if left_out else {})}
