@@ -47,7 +47,8 @@ def test_512_machine_matrix_validates_as_json_reads_it(tmp_path):
     path = tmp_path / "big.json"
     path.write_text(text)
     topo = load_topology(path)
-    assert read_matrix(split_document(text.encode())[2], n) is not None  # the fast reader took it
+    data = text.encode()
+    assert read_matrix(data, split_document(data)[2], n) is not None  # the fast reader took it
     assert topo == by_json(text) and topo.content_hash() == by_json(text).content_hash()
     assert topo.num_machines == n and topo.inter_gbps == 25.5
     same_rack = n // 8 * (8 * 7 // 2)
@@ -70,7 +71,7 @@ def test_cli_validates_a_large_matrix_and_lists_a_screenful_of_links(tmp_path, c
 @pytest.mark.parametrize("token", ["1", "0.5", "100", "12.25", "-0", "0", "99999999999999", "3.1415926535897"])
 def test_fast_reader_figures_are_float_exactly(token):
     text = f"[[0, {token}], [{token}, 0]]".encode()
-    matrix = read_matrix(text, 2)
+    matrix = read_matrix(text, (0, len(text)), 2)
     assert matrix is not None
     assert matrix.values[0, 1].tobytes() == np.float64(float(token)).tobytes()  # -0 stays -0.0
     assert matrix.original(0, 1) == json.loads(token)
@@ -84,7 +85,7 @@ def test_fast_reader_figures_are_float_exactly(token):
 ])
 def test_fast_reader_declines_what_it_does_not_fully_read(matrix):
     """Declined documents go through json: the same result or error as before."""
-    assert read_matrix(matrix.encode(), 2) is None
+    assert read_matrix(matrix.encode(), (0, len(matrix)), 2) is None
     text = '{"name": "x", "machines": ' + json.dumps(machines(2)) + ', "inter_gbps": ' + matrix + "}"
     try:
         expected = ("ok", by_json(text))
@@ -182,3 +183,26 @@ def test_matrix_errors_name_the_same_pair_as_a_pair_by_pair_check():
     rows[40][10] = 10**400  # past float's range: refused, not a crash
     with pytest.raises(TagInputError, match=r"inter_gbps\[10\]\[40\]|inter_gbps\[40\]\[10\]"):
         parse_topology({"name": "x", "machines": machines(n), "inter_gbps": rows})
+
+
+def test_small_blocks_read_and_check_the_same(monkeypatch):
+    """Blocks of a few rows (as a 4096-machine matrix is read): the same topology, the same first error."""
+    from tag_core.cluster import pair_matrix
+
+    n = 97
+    rows = rack_matrix(n)
+    text = document(n, rows)
+    whole = topology_from_json(text, "snap.json")
+    monkeypatch.setattr(pair_matrix, "_BLOCK_BYTES", 1500)
+    monkeypatch.setattr(pair_matrix, "_BLOCK_CELLS", 300)
+    data = text.encode()
+    assert read_matrix(data, split_document(data)[2], n) is not None
+    assert topology_from_json(text, "snap.json") == whole == by_json(text)
+    rows[90][60] = 5.0  # in a late block
+    with pytest.raises(TagInputError) as err:
+        topology_from_json(document(n, rows), "snap.json")
+    assert err.value.where == "inter_gbps[90][60]"
+    rows[90][60], rows[70][3] = 25.5, "x"
+    with pytest.raises(TagInputError) as err:
+        parse_topology(json.loads(document(n, rows)))
+    assert err.value.where == "inter_gbps[70][3]"

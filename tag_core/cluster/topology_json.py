@@ -11,7 +11,7 @@ from typing import Any
 
 from tag_core.errors import TagInputError
 
-from .fields import RANGES, bounded_number, describe, gpu_count, is_positive_number, json_object, nonempty_string, require
+from .fields import RANGES, bounded_number, describe, gpu_count, json_object, nonempty_string, require
 from .gpu_catalog import CATALOG_BY_LOWER, GpuType, lookup_gpu
 from .pair_matrix import PairMatrix, read_matrix, split_document
 from .topology import Machine, Topology
@@ -188,13 +188,13 @@ def topology_from_json(data: bytes | str, source: str) -> Topology:
         raw = None
     split = split_document(raw) if raw is not None else None
     if split is not None:
-        rest, placeholder, matrix_text = split
+        rest, placeholder, matrix_span = split
         try:
             parsed = _decode(rest, source)
         except TagInputError:
             parsed = None  # the whole file again, so the error's positions are the file's
         if isinstance(parsed, dict) and parsed.get("inter_gbps") == placeholder and isinstance(parsed.get("machines"), list):
-            matrix = read_matrix(matrix_text, len(parsed["machines"]))
+            matrix = read_matrix(raw, matrix_span, len(parsed["machines"]))
             if matrix is not None:
                 parsed["inter_gbps"] = matrix
                 return parse_topology(parsed, source=source)
