@@ -134,7 +134,7 @@ def test_report_out_that_is_a_file(tmp_path, capsys):
     out = tmp_path / "repfile"
     out.write_text("keep\n")
     assert main(["--db", str(db), "report", "--out", str(out)]) == 2
-    assert "cannot create directory" in error_of(capsys, "--out")
+    assert "is a file; give a folder" in error_of(capsys, "--out")  # files.output_folder, before the store
     assert out.read_text() == "keep\n"
 
 
