@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from network_namespaces import NAMESPACES
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -22,6 +23,12 @@ os.environ["TAG_HOME"] = str(SESSION_HOME / "tag_home")
 os.environ["DAGSTER_HOME"] = str(SESSION_HOME / "dagster_home")
 os.environ["TAG_MODELS_FILE"] = str(SESSION_HOME / "models.yaml")
 (SESSION_HOME / "dagster_home").mkdir()
+
+
+if not NAMESPACES:
+    # The runtime refuses by default to serve on every interface. Where the kernel denies namespaces the
+    # suite runs the servers anyway (with the warning), and test_loopback checks the refusal for real.
+    os.environ.setdefault("TAG_NETNS", "prefer")
 
 
 _CHECKOUT = pytest.StashKey[set]()  # what `git status` listed when the session started

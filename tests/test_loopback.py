@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from network_namespaces import NAMESPACES
 
 from tag_core.capture import resolve_model
 from tag_core.cluster import parse_topology
@@ -33,16 +34,8 @@ TAG = str(Path(sys.executable).with_name("tag"))
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 
 
-def _namespaces_work() -> bool:
-    try:
-        with loopback.loopback_namespace() as held:
-            return held is not None
-    except (loopback.NamespaceRefused, OSError):
-        return False
-
-
-needs_namespaces = pytest.mark.skipif(os.environ.get(loopback.POLICY_ENV, "require") == "off" or
-                                      not _namespaces_work(), reason="no private network namespaces here")
+needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="no private network namespaces here: "
+                                                                "test_where_namespaces_are_denied_a_run_is_refused")
 two_cores = pytest.mark.skipif(len(pinnable_cores()) < 2, reason="pinned tasks need a core each")
 
 
@@ -318,6 +311,17 @@ def test_tag_calibrate_servers_listen_on_loopback_only(tmp_path):
     assert done.returncode == 0 or refused, done.stdout + done.stderr
     assert refused or json.loads(out.read_text())["machines"][1]["name"] == "task1"
     _assert_loopback_only(seen, servers=2)
+
+
+@pytest.mark.skipif(NAMESPACES, reason="namespaces work here: the runs above are watched in one")
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_where_namespaces_are_denied_a_run_is_refused(emitted):
+    done = subprocess.run([TAG, "run", str(emitted), "--steps", "1"], env={**os.environ, loopback.POLICY_ENV: "require"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "refusing to start TF servers that would listen on every interface" in done.stdout + done.stderr
+    assert "ran 1 steps" not in done.stdout
 
 
 def test_the_dagster_webserver_binds_loopback(tmp_path, monkeypatch):
