@@ -114,7 +114,7 @@ class GraphBuilder(Transfers):
         self._order_collectives()
         runs = [self.copy(n, c) for n in self.step.train_ops if n in self.kept for c in self.contexts(n)]
         runs += [c.node for c in self.collectives]
-        self.sink.add("tag/train", "NoOp", ["^" + n for n in dict.fromkeys(runs)], self.devices[at])
+        self.sink.gather("tag/train", runs, self.devices[at])
         init_values, variable_copies = self._init_block()
         import tensorflow as tf
 
@@ -179,7 +179,7 @@ class GraphBuilder(Transfers):
                               {"dtype": ("type", variable.dtype)})
                 assigns.append(name)
                 copies[variable.name].append((h, self.devices[d], name))
-        self.sink.add(f"{INIT_SCOPE}/all", "NoOp", ["^" + a for a in assigns], self.devices[0])
+        self.sink.gather(f"{INIT_SCOPE}/all", assigns, self.devices[0])
         return values, copies
 
     def _variable_homes(self) -> dict[str, set[int] | None]:

@@ -28,6 +28,7 @@ from tag_core.cluster.calibration import Sample
 
 from .calibrate import CalibrationError, CalibrationSettings
 from .calibration_graphs import CalibrationGraph, Series, build_series, session_config
+from .parent_watch import exit_with_parent
 
 
 def report(event: str, **fields: Any) -> None:
@@ -130,20 +131,6 @@ def run(target: str, tasks: int, settings: CalibrationSettings, wait_s: float) -
     return 0
 
 
-def _exit_with_parent() -> None:
-    """End this process as soon as the one that started it is gone (it runs in its own process group)."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.calibration_client")
     parser.add_argument("--target", required=True, help="grpc://host:port of task 0")
@@ -151,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", required=True, help="CalibrationSettings as JSON")
     parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every task to answer")
     args = parser.parse_args(argv)
-    _exit_with_parent()
+    exit_with_parent()
     fields = json.loads(args.settings)
     settings = CalibrationSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     return run(args.target, args.tasks, settings, args.wait)

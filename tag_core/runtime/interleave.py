@@ -204,7 +204,8 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .worker import FolderError, _exit_with_parent, report
+    from .parent_watch import exit_with_parent
+    from .worker import FolderError, report
 
     parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.interleave")
     parser.add_argument("folders", nargs="+")
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0)
-    _exit_with_parent()
+    exit_with_parent()
     try:
         return run(parser.parse_args(argv))
     except FolderError as exc:

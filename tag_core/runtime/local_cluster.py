@@ -40,6 +40,7 @@ from typing import Iterator, Sequence
 from tag_core.errors import TagInputError
 
 from .loopback import Namespace, NamespaceRefused, child_environment, loopback_namespace
+from .parent_watch import exit_with_parent as watch_parent
 
 LEADER = "/job:worker/replica:0/task:0"  # collectives need one task to resolve their groups
 STARTUP_S = 120.0  # importing TensorFlow in several processes at once on a small machine
@@ -233,7 +234,7 @@ def serve(cluster: dict[str, list[str]], task: int, devices: int = 1, core: int 
     if core is not None:
         os.sched_setaffinity(0, {core})
     if exit_with_parent:
-        _exit_with_parent()
+        watch_parent()
     import tensorflow as tf
 
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=task,
@@ -241,19 +242,6 @@ def serve(cluster: dict[str, list[str]], task: int, devices: int = 1, core: int 
     print(json.dumps({"event": "serving", "task": task, "target": server.target, "pid": os.getpid(), "core": core}),
           flush=True)
     server.join()
-
-
-def _exit_with_parent() -> None:
-    """End this process as soon as the one that started it is gone: it runs in its own process group,
-    so a signal to the parent's group does not reach it."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

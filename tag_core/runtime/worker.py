@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .parent_watch import exit_with_parent
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 LEADER = "/job:worker/replica:0/task:0"
@@ -237,21 +239,6 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def _exit_with_parent() -> None:
-    """End this process (and the servers in it) as soon as the `tag run` that started it is gone:
-    it runs in its own process group, so a signal to the parent's group does not reach it."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.worker")
     parser.add_argument("folder")
@@ -262,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-index", type=int, default=0)
     parser.add_argument("--target", help="grpc://host:port of task 0 of servers already running (pinned mode)")
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps before --steps")
-    _exit_with_parent()
+    exit_with_parent()
     try:
         return run(parser.parse_args(argv))
     except FolderError as exc:
