@@ -311,3 +311,28 @@ def _bytes(emission, normal: bool = False) -> bytes:
         for node in graph_def.node:
             node.attr.pop("_gradient_op_type", None)
     return graph_def.SerializeToString(deterministic=True)
+
+
+def test_a_steps_end_crosses_each_task_once():
+    from tag_core.emit.nodes import NodeSink, parse_input, task_of
+
+    sink = NodeSink()
+    devices = [f"/job:worker/task:{t}/device:CPU:{d}" for t in range(3) for d in range(2)]
+    ops = [sink.add(f"op{i}", "NoOp", [], devices[i % len(devices)]).name for i in range(12)]
+    ops.append(sink.add("lonely", "NoOp", [], "/job:worker/task:3/device:CPU:0").name)
+    train = sink.gather("tag/train", ops + ops[:2], devices[0])
+
+    def waits_for(node) -> set[str]:
+        found = set()
+        for text in node.input:
+            name, index = parse_input(text)
+            assert index == -1  # control inputs only
+            inner = sink.by_name[name]
+            found |= waits_for(inner) if inner.op == "NoOp" and name.startswith("tag/train/") else {name}
+        return found
+
+    assert waits_for(train) == set(ops)  # every op, once
+    crossing = [parse_input(i)[0] for i in train.input
+                if task_of(sink.by_name[parse_input(i)[0]].device) != task_of(train.device)]
+    assert sorted(crossing) == ["lonely", "tag/train/task_1", "tag/train/task_2"]  # one edge per other task
+    assert all(task_of(sink.by_name[n].device) == n[-1] for n in crossing if n.startswith("tag/train/"))
