@@ -215,13 +215,19 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
 
 
 def server_config(devices: int | None = None, threads: int | None = 1):
-    """The ConfigProto of a server (and of sessions on it): one thread per pool, the collective leader."""
+    """The ConfigProto of a server (and of sessions on it): `threads` compute threads, the collective leader.
+
+    The inter-op pool has one thread more: with one, task 0's executor runs its share of a step inline in the
+    thread that would then dispatch the other tasks' shares, and the tasks compute one after the other
+    (measured: a duplicated small_cnn step on two pinned tasks 57 ms, 37 ms with two; one device 21 ms
+    either way; more threads help no further and slow the one-device step).
+    """
     import tensorflow as tf
 
     config = tf.compat.v1.ConfigProto()
     if threads is not None:
         config.intra_op_parallelism_threads = threads
-        config.inter_op_parallelism_threads = threads
+        config.inter_op_parallelism_threads = threads + 1
     if devices is not None:
         config.device_count["CPU"] = devices
     config.experimental.collective_group_leader = LEADER
