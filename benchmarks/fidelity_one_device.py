@@ -88,6 +88,7 @@ def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps
     folders, predictions = {}, {}
     for b in sizes:
         folder = Path(home) / "emit" / f"{key}-b{b}"
+        folder.parent.mkdir(parents=True, exist_ok=True)  # tag emit refuses a missing parent folder
         run([*tag, "emit", reference, "--strategy", "single", "--topology", topology, "--device-kind", "cpu",
              "--batch-size", str(b), "--out", str(folder), "--force", "--json"], env, root)
         predicted = json.loads((folder / "plan.json").read_text()).get("prediction") or {}
