@@ -17,10 +17,10 @@ import pytest
 from tag_core import store
 from tag_core.cli import main
 from tag_core.cluster.calibration import (
+    MIN_LATENCY_S,
     Calibration,
     FitRefused,
     Sample,
-    MIN_LATENCY_S,
     fit_calibration,
     fit_latency_bandwidth,
     load_from_store,

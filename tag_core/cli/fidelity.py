@@ -186,10 +186,9 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
     """Build, predict and emit one strategy: its row, and its folder (None when it could not be emitted)."""
     from tag_core.emit.emitter import emit
     from tag_core.emit.folder import write_emission
+    from tag_core.emit.prediction import predict_emission
     from tag_core.errors import TagInputError
     from tag_core.simulate.simulator import Simulator
-
-    from tag_core.emit.prediction import predict_emission
 
     row = {"strategy": name, "predicted_s": None, "measured_s": None, "spread_s": None}
 

@@ -22,7 +22,6 @@ from tag_core.disjoint_sets import DisjointSets
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
-from .feeds import client_cost_s
 from .expand import (
     concat_collectives,
     concat_transfers,
@@ -31,6 +30,7 @@ from .expand import (
     place,
     ps_pulls,
 )
+from .feeds import client_cost_s
 from .result import SimResult, Timeline
 from .strategy import Strategy
 
