@@ -92,6 +92,7 @@ def _settings(args):
 
 
 def run_measure(args) -> int:
+    from tag_core.files import output_file
     from tag_core.runtime.calibrate import CalibrationError, calibrate_cluster, calibrate_local
     from tag_core.runtime.local_cluster import ServerStartError, pinnable_cores
 
@@ -104,7 +105,7 @@ def run_measure(args) -> int:
                                                      f"this process may use {len(cores)}")
         require(args.out is not None, "--out", "is required with --local: the topology JSON to write")
         require(args.name is None or args.name.strip() != "", "--name", "must not be empty")
-        out = _checked_out(args.out)
+        out = output_file(args.out, "--out")
     else:
         from tag_core.cluster.topology_json import load_topology
 
@@ -143,13 +144,6 @@ def run_measure(args) -> int:
               f"inter {topology.inter_gbps:g} Gbit/s")
     print_fits(calibration)
     return 0
-
-
-def _checked_out(text: str) -> Path:
-    out = Path(text)
-    require(not out.is_dir(), "--out", f"{out} is a directory; give a file name")
-    require(out.parent.is_dir(), "--out", f"directory {str(out.parent)!r} does not exist")
-    return out
 
 
 def _write_topology(topology, out: Path) -> None:
