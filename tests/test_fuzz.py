@@ -37,8 +37,8 @@ from shared_stores import building, copy_store
 from tag_core.cli import main
 
 SEED = 23
-CASES = {"topology": 120, "topology-simulate": 30, "strategy": 70, "sfb": 20, "emit": 25, "warm-start": 25,
-         "csv": 110}
+CASES = {"topology": 160, "topology-simulate": 60, "strategy": 100, "sfb": 30, "emit": 30, "warm-start": 40,
+         "csv": 160}
 CASE_SECONDS = 20.0  # the bound each case must meet
 HANG_SECONDS = 60.0  # a case still running then is stopped, so that the rest still run and report
 MODEL = "mlp[features=8,hidden=8]"
@@ -241,15 +241,112 @@ def _top_level(doc, rng, under):
     return f"top level -> {type(doc.value).__name__}"
 
 
+# Changes that keep a file valid (or nearly), so that the code past the checks runs on odd but legal input.
+FIGURES = [1e-9, 1e-3, 1.0, 3.0, 1e6, 1e7]
+SHARES = [0.0, 1e-300, 1e-9, 1.0, 5.0, 1e300]
+
+
+def _topology_semantic(doc, rng, under):
+    topo = doc.value
+    if not isinstance(topo, dict) or not isinstance(topo.get("machines"), list) or not topo["machines"]:
+        return "topology: nothing"
+    machines = [m for m in topo["machines"] if isinstance(m, dict)] or [{}]
+    machine = rng.choice(machines)
+    n = len(topo["machines"])
+    what = rng.choice(["count", "intra", "inter", "gpu", "inline gpu", "link", "matrix", "names", "one machine"])
+    if what == "count":
+        machine["count"] = rng.choice([1, 2, 64, 1024])
+    elif what == "intra":
+        machine["intra_gbps"] = rng.choice(FIGURES)
+    elif what == "inter":
+        topo["inter_gbps"] = rng.choice(FIGURES)
+    elif what == "gpu":
+        machine["gpu"] = rng.choice(["cpu", "CPU", "t4", "H200-141GB", "a100-80gb", "GTX1080TI"])
+    elif what == "inline gpu":
+        machine["gpu"] = {"name": rng.choice(["MyGPU", "mygpu", "T4", "名前"]), "tflops": rng.choice(FIGURES[:5]),
+                          "mem_gb": rng.choice([1e-9, 0.001, 16, 1e6]), "mem_bw_gbps": rng.choice(FIGURES)}
+    elif what == "link":
+        a, b = rng.choice(machines).get("name"), rng.choice(machines).get("name")
+        topo.setdefault("links", []).append({"a": a, "b": str(b).upper(), "gbps": rng.choice(FIGURES)})
+    elif what == "matrix":
+        figure = rng.choice(FIGURES)
+        topo["inter_gbps"] = [[rng.choice([0, figure]) if i == j else figure for j in range(n)] for i in range(n)]
+        topo.pop("links", None)
+        if n > 1 and rng.random() < 0.5:
+            topo["inter_gbps"][0][n - 1] = rng.choice(FIGURES)  # asymmetric, or a per-pair figure when equal
+    elif what == "names":
+        rng.choice(machines)["name"] = str(machine.get("name")).upper()
+    else:
+        del topo["machines"][1:]
+    return f"topology {what}"
+
+
+def _plan_semantic(doc, rng, under):
+    plan = doc.value
+    strategy = plan.get("strategy", plan) if isinstance(plan, dict) else None
+    if not isinstance(strategy, dict) or not isinstance(strategy.get("groups"), list) or not strategy["groups"]:
+        return "plan: nothing"
+    groups = [g for g in strategy["groups"] if isinstance(g, dict)] or [{}]
+    group = rng.choice(groups)
+    shares = strategy.get("batch_shares") if isinstance(strategy.get("batch_shares"), list) else []
+    ops = strategy.get("op_groups") if isinstance(strategy.get("op_groups"), list) else []
+    what = rng.choice(["option", "mask", "share", "op_devices", "op_groups", "new group", "sfb", "fusion",
+                       "overlap", "batch", "names", "single group"])
+    if what == "option":
+        group["option"] = rng.choice(["allreduce", "ps", "duplicate", "model_parallel"])
+    elif what == "mask" and isinstance(group.get("mask"), list) and group["mask"]:
+        mask = group["mask"]
+        choice = rng.choice(["flip", "all", "one"])
+        if choice == "flip":
+            at = rng.randrange(len(mask))
+            mask[at] = 1 - mask[at] if mask[at] in (0, 1) else 1
+        else:
+            mask[:] = [1] * len(mask) if choice == "all" else [int(i == len(mask) - 1) for i in range(len(mask))]
+    elif what == "share" and shares:
+        if rng.random() < 0.5:
+            shares[rng.randrange(len(shares))] = rng.choice(SHARES)
+        else:
+            keep = rng.randrange(len(shares))
+            shares[:] = [rng.choice(SHARES[1:]) if i == keep else 0.0 for i in range(len(shares))]
+    elif what == "op_devices" and ops:
+        devices = len(shares) or 1
+        strategy["op_devices"] = rng.choice([None, [rng.randrange(-1, devices) for _ in ops], [-1] * len(ops)])
+    elif what == "op_groups" and ops:
+        ops[:] = [rng.randrange(len(strategy["groups"])) for _ in ops]
+    elif what == "new group":
+        strategy["groups"].append(copy.deepcopy(group))
+        if ops:
+            ops[rng.randrange(len(ops))] = len(strategy["groups"]) - 1
+    elif what == "sfb":
+        strategy["sfb"] = {rng.choice(["dense/kernel", "", "名前", "x"]): rng.sample(range(max(len(ops), 1)), 1)}
+    elif what == "fusion":
+        strategy["fusion_bytes"] = rng.choice([0, 1, 2**40, 2**62])
+    elif what == "overlap":
+        strategy["overlap"] = not strategy.get("overlap", True)
+    elif what == "batch":
+        plan["batch_size"] = rng.choice([1, 2, 3, 7, 1024 * 1024, 2**31 - 1])
+    elif what == "names":
+        machines = (strategy.get("extra") or {}).get("machines")
+        if isinstance(machines, list):
+            machines[:] = [str(m).upper() for m in machines]
+    elif what == "single group":
+        strategy.update(groups=[group], op_groups=None, op_devices=None)
+    return f"plan {what}"
+
+
 JSON_MUTATIONS = [_drop, _rename, _retype, _number, _string, _empty, _nest, _duplicate, _grow, _shuffle,
                   _text, _top_level]
 JSON_WEIGHTS = [6, 3, 6, 8, 4, 2, 1, 3, 1, 2, 2, 1]
+SEMANTIC_WEIGHT = 25  # about half of all mutations keep the file valid
 
 
-def mutate_json(value: Any, rng: random.Random, under: tuple | None = None) -> tuple[bytes, list[str]]:
-    """1-3 mutations of `value` (mostly inside `under`, when given), written out: (bytes, what was done)."""
+def mutate_json(value: Any, rng: random.Random, under: tuple | None = None,
+                semantic: Callable | None = None) -> tuple[bytes, list[str]]:
+    """1-3 mutations of `value` (mostly inside `under`, when given; `semantic` ones too), written out:
+    (bytes, what was done)."""
     doc = Document(copy.deepcopy(value))
-    done = [rng.choices(JSON_MUTATIONS, JSON_WEIGHTS)[0](doc, rng, under) for _ in range(rng.randint(1, 3))]
+    mutations, weights = JSON_MUTATIONS + [semantic] * bool(semantic), JSON_WEIGHTS + [SEMANTIC_WEIGHT] * bool(semantic)
+    done = [rng.choices(mutations, weights)[0](doc, rng, under) for _ in range(rng.randint(1, 3))]
     return doc.dump(rng), done
 
 
@@ -442,12 +539,13 @@ def make_case(kind: str, index: int, rng: random.Random, folder: Path, db: Path,
     out_dir.mkdir(parents=True)
     if kind in ("topology", "topology-simulate"):
         base = json.loads(rng.choice(sorted(EXAMPLES.glob("*.json"))).read_text())
-        data, done = mutate_json(base, rng)
+        data, done = mutate_json(base, rng, semantic=_topology_semantic)
     elif kind == "csv":
         data, done = mutate_csv(csv_text, rng)
     else:
         bare = rng.random() < 0.2  # a bare strategy file instead of a plan that embeds one
-        data, done = mutate_json(plan["strategy"] if bare else plan, rng, None if bare else ("strategy",))
+        data, done = mutate_json(plan["strategy"] if bare else plan, rng, None if bare else ("strategy",),
+                                 semantic=_plan_semantic)
     source = folder / ("input.csv" if kind == "csv" else "input.json")
     source.write_bytes(data)
     file, store = str(source), ["--db", str(db)]

@@ -103,7 +103,11 @@ class Strategy:
         need(self.batch_shares.ndim == 1 and len(self.batch_shares) > 0, "batch_shares", "must list one share per device")
         need(bool(np.all(np.isfinite(self.batch_shares)) and np.all(self.batch_shares >= 0)), "batch_shares",
              "must be finite and non-negative")
-        need(bool(self.batch_shares.sum() > 0), "batch_shares", "at least one share must be positive")
+        with np.errstate(over="ignore"):  # an overflow is the error reported below, not a warning
+            total = self.batch_shares.sum()
+        need(bool(total > 0), "batch_shares", "at least one share must be positive")
+        # Shares are normalised by their sum: an infinite sum (two shares of 1e308) would make every share NaN.
+        need(bool(np.isfinite(total)), "batch_shares", "must sum to a finite number")
         need(isinstance(self.fusion_bytes, (int, np.integer)) and self.fusion_bytes >= 0, "fusion_bytes",
              "must be a non-negative integer")
         if self.op_devices is not None:
@@ -180,6 +184,9 @@ class Strategy:
         shares = data["batch_shares"]
         if not isinstance(shares, list) or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in shares):
             raise TagInputError("batch_shares", "must be a list of numbers, one per device")
+        for d, share in enumerate(shares):  # before numpy: a 400-digit integer does not fit a float
+            if not _fits_float(share):
+                raise TagInputError(f"batch_shares[{d}]", "must be a finite number (a float holds at most 1.8e308)")
         num_ops = data.get("num_ops")
         op_groups = data.get("op_groups")
         if op_groups is None:
@@ -260,6 +267,13 @@ class Strategy:
         if self.sfb:
             parts.append(repr(sorted(self.sfb.items())).encode())
         return b"#".join(parts)
+
+
+def _fits_float(value: int | float) -> bool:
+    try:
+        return bool(np.isfinite(float(value)))
+    except OverflowError:
+        return False
 
 
 def _is_int(value: Any) -> bool:
