@@ -63,7 +63,7 @@ def run(args) -> int:
     from tag_core.cluster.topology_json import load_topology
     from tag_core.errors import TagInputError
     from tag_core.files import output_file, write_atomically
-    from tag_core.gnn.prior import choose_prior
+    from tag_core.gnn.prior import choose_prior, fit_prior
     from tag_core.plan.planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
     from tag_core.plan.warm_start import warm_start_problem
     from tag_core.profile.profiler import profile_model
@@ -76,7 +76,8 @@ def run(args) -> int:
     warm = _read_plan(args.warm_start) if args.warm_start else None
     if args.checkpoint and Path(args.checkpoint).is_dir():
         raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")
-    prior = choose_prior(args.prior, args.checkpoint)  # before the slow steps: a bad checkpoint fails fast
+    # Before the slow steps: a bad checkpoint, or a problem too large for the GNN, fails fast.
+    prior = fit_prior(choose_prior(args.prior, args.checkpoint), topology.num_machines, args.groups, args.prior)
     if prior.warning:
         print(f"tag: warning: {prior.warning}", file=sys.stderr)
     spec = resolve_model(args.model)

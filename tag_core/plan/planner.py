@@ -67,6 +67,7 @@ from tag_core.simulate.result import SimResult
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
+from .deadline import Deadline
 from .progress import search_progress, spinner
 from .warm_start import warm_start_actions
 
@@ -220,40 +221,47 @@ def plan(
     """
     budget = budget or Budget(iterations=DEFAULT_ITERATIONS)
     start = time.perf_counter()
-    compute = FusedComputeModel(graph, profiles, fusion) if fusion is not None else None
-    sim = Simulator(graph, topology, profiles, batch_size=batch_size, compute=compute, comm=comm)
-    base = {name.replace("-", "_"): result for name, (_, result) in run_baselines(sim, BASELINE_NAMES).items()}
-    dp = base["dp_nccl"]
-    groups = groups if groups is not None else make_groups(graph, profiles, num_groups)
-    if len(groups.assignment) != sim.n:
-        raise TagInputError("groups", f"cover {len(groups.assignment)} ops but the graph has {sim.n}")
-    speed = device_speed(sim)
-    space = ActionSpace.build(sim, speed)
-    warm = warm_start_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
-    ev, setup_sims, default, settings = _settings(sim, groups, space, speed)
+    deadline = Deadline.starting_now(budget)
+    with spinner("set-up: simulator, baselines, op groups and settings", show_progress):
+        compute = FusedComputeModel(graph, profiles, fusion) if fusion is not None else None
+        sim = Simulator(graph, topology, profiles, batch_size=batch_size, compute=compute, comm=comm)
+        base = {name.replace("-", "_"): result for name, (_, result) in run_baselines(sim, BASELINE_NAMES).items()}
+        dp = base["dp_nccl"]
+        groups = groups if groups is not None else make_groups(graph, profiles, num_groups)
+        if len(groups.assignment) != sim.n:
+            raise TagInputError("groups", f"cover {len(groups.assignment)} ops but the graph has {sim.n}")
+        speed = device_speed(sim)
+        space = ActionSpace.build(sim, speed)
+        warm = warm_start_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
+        settings_start = time.perf_counter()
+        ev, setup_sims, default, settings = _settings(sim, groups, space, speed)
+        deadline.hold_back((time.perf_counter() - settings_start) / max(setup_sims + ev.simulations, 1))
     baseline_s = dp.iteration_time_s if not dp.oom else ev.score(np.full(groups.num_groups, default)).time_s
     cfg = MctsConfig(default=-1 if default == space.all_machines else default)
     search = Mcts(ev, baseline_s, dp.iteration_time_s, seed=seed, prior=prior, config=cfg)
     search.seed_path(np.full(groups.num_groups, default))  # the default plan is the first incumbent
-    if prior is not None:
+    if prior is not None and not deadline.passed():
         uniform = _best_uniform_plan(ev, groups.num_groups)
         if uniform[0] != default:
             search.seed_path(uniform)
     if warm is not None:
         search.seed_path(warm)
-    with search_progress(f"plan {graph.model}", budget, show_progress) as bar:
-        tag = search.run(budget, progress=bar)
+    search_budget = deadline.search_budget(budget)
+    with search_progress(f"plan {graph.model}", search_budget, show_progress) as bar:
+        tag = search.run(search_budget, progress=bar)
     tag.simulations += setup_sims
-    mcmc_budget = Budget(simulations=mcmc_simulations or max(ev.simulations, 1))
     mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
-    mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed)
+    with spinner("MCMC, the comparison search", show_progress):
+        mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default),
+                           deadline.mcmc_budget(mcmc_simulations or max(ev.simulations, 1)), dp.iteration_time_s,
+                           seed=seed)
     chosen = tag.actions
     sfb_report = None
     strategy = ev.strategy(chosen)
     if sfb:
         with spinner("SFB: a MILP per synchronised gradient", show_progress):
             chosen, sfb_settings, decided = _sfb_candidates(sim, groups, space, speed, tag.actions, ev, settings,
-                                                             default, sfb_time_limit_s)
+                                                             default, sfb_time_limit_s, deadline)
         sfb_report = {**decided.to_dict(sim), "applied_to": "search" if chosen is tag.actions else "default"}
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
@@ -349,11 +357,11 @@ def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, sp
 
 
 def _sfb_candidates(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray, search: np.ndarray,
-                    ev: Evaluator, settings: dict, default: int, time_limit_s: float):
+                    ev: Evaluator, settings: dict, default: int, time_limit_s: float, deadline: Deadline):
     """SFB on the search's plan and on the replicate-everything default under every setting (DP-NCCL
     and Horovod among them): with factors broadcast, another of them may win. Returns the fastest as
     (actions, settings, SfbResult). Decisions depend only on placement, so they are solved once per
-    distinct batch split."""
+    distinct batch split. Past the deadline only the search's plan is tried."""
     from tag_core.sfb.milp import decide
 
     candidates = [(search, ev, settings)]
@@ -363,6 +371,8 @@ def _sfb_candidates(sim: Simulator, groups: OpGroups, space: ActionSpace, speed:
     solved: dict[bytes, list] = {}
     best = None
     for actions, e, s in candidates:
+        if best is not None and deadline.passed():
+            break
         strategy = e.strategy(actions)
         key = replace(strategy, fusion_bytes=0, overlap=True).key()  # the placement alone
         if key not in solved:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import threading
 import time
 from typing import Callable
 
@@ -10,23 +12,33 @@ from tag_core.search.mcts import Budget, SearchResult
 
 
 class spinner:
-    """One line saying what runs, then how long it took (when progress is shown)."""
+    """A line saying what runs and how long it took, for steps that take a while (when progress is shown).
+    A quick step prints nothing, so that small plans and one-line errors stay quiet."""
 
-    def __init__(self, what: str, show: bool):
-        self.what, self.show = what, show
+    def __init__(self, what: str, show: bool, after_s: float = 1.0):
+        self.what, self.show, self.after_s = what, show, after_s
+        self.timer: threading.Timer | None = None
+        self.announced = False
+
+    def _announce(self) -> None:
+        print(f"{self.what} ...", end="", file=sys.stderr, flush=True)
+        self.announced = True
 
     def __enter__(self) -> None:
         self.start = time.perf_counter()
         if self.show:
-            import sys
+            self.timer = threading.Timer(self.after_s, self._announce)
+            self.timer.daemon = True
+            self.timer.start()
 
-            print(f"{self.what} ...", end="", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc) -> None:
-        if self.show:
-            import sys
-
-            print(f" {time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.timer is None:
+            return
+        self.timer.cancel()
+        self.timer.join()
+        if self.announced:
+            outcome = "stopped" if exc_type else f"{time.perf_counter() - self.start:.1f} s"
+            print(f" {outcome}", file=sys.stderr, flush=True)
 
 
 class search_progress:
@@ -42,7 +54,7 @@ class search_progress:
         from tqdm import tqdm
 
         by_time = self.budget.iterations is None and self.budget.seconds is not None
-        total = self.budget.seconds if by_time else self.budget.iterations
+        total = round(self.budget.seconds, 1) if by_time else self.budget.iterations
         self.bar = tqdm(total=total, desc=self.desc, unit="s" if by_time else "it", leave=False, mininterval=0.5)
 
         def update(iteration: int, best: SearchResult) -> None:

@@ -18,6 +18,7 @@ simulated once: a representative "slot" stands for its whole class, which is exa
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,7 +158,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
             idx.append(k)
             vals.append(val)
 
-    chan_free = [0.0] * ctx.num_channels
+    chan_free: defaultdict[int, float] = defaultdict(float)  # the channels a step uses (4096 machines have 8M)
     tr_start = np.zeros(n_t)
     tr_end = np.zeros(n_t)
     t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()

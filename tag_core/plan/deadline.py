@@ -1,0 +1,54 @@
+"""How a seconds budget bounds the whole of `plan`, not only the MCTS loop.
+
+With `--budget-seconds S` the clock starts when planning starts (capture and profiles are
+cached work and not counted). Set-up runs first (simulator, baselines, groups, settings);
+from the time its simulations took, the work after the search is estimated (SFB's
+candidates, the final, one-device and uncalibrated runs) and held back. MCTS gets most of
+what is left and the MCMC comparison the rest; a set-up that overruns leaves the search no
+time, and the plan is the best incumbent (the all-machines default at least). With an
+iterations budget nothing is cut short.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from tag_core.search.mcts import Budget
+
+SEARCH_SHARE = 0.75  # of the time after set-up and the held-back work; MCMC gets the rest
+# Simulations after the search, at most: an SFB solve and its run for each of up to nine
+# candidates, then the final, one-device and uncalibrated runs.
+SIMULATIONS_AFTER_SEARCH = 21
+
+
+@dataclass
+class Deadline:
+    at: float | None  # time.perf_counter() when the budget runs out; None: an iterations budget
+    reserve_s: float = 0.0
+
+    @classmethod
+    def starting_now(cls, budget: Budget) -> Deadline:
+        return cls(None if budget.seconds is None else time.perf_counter() + budget.seconds)
+
+    def left_s(self) -> float:
+        return math.inf if self.at is None else max(self.at - time.perf_counter(), 0.0)
+
+    def passed(self) -> bool:
+        return self.left_s() <= 0.0
+
+    def hold_back(self, seconds_per_simulation: float) -> None:
+        """Keep time for the work after the search, at the set-up's measured simulation cost."""
+        self.reserve_s = SIMULATIONS_AFTER_SEARCH * seconds_per_simulation
+
+    def search_budget(self, budget: Budget) -> Budget:
+        if self.at is None:
+            return budget
+        return Budget(seconds=max(self.left_s() - self.reserve_s, 0.0) * SEARCH_SHARE)
+
+    def mcmc_budget(self, simulations: int) -> Budget:
+        """MCMC compares at the search's simulation count, within what the deadline leaves."""
+        if self.at is None:
+            return Budget(simulations=simulations)
+        return Budget(simulations=simulations, seconds=max(self.left_s() - self.reserve_s, 0.0))
