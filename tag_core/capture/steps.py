@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,12 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tag_core import store
-from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
 
 from .graph import Edge, Op, OpGraph, Variable, capture, records
+from .load_check import child_error
 from .models import model_source_hash
 from .models.spec import ModelSpec
+from .time_limit import ENV, model_timeout
 from .trace import TracedStep, TracedVariable
 
 
@@ -138,12 +140,12 @@ def ensure_step_files(spec: ModelSpec, batch_sizes: list[int], state_bytes: int 
     elif missing:
         command = [sys.executable, "-m", "tag_core.capture", spec.name, str(spec.batch_size), str(folder),
                    ",".join(map(str, missing))]
-        result = subprocess.run(command, capture_output=True, text=True)
+        env = {**os.environ, ENV: repr(model_timeout(spec.timeout))}  # the child loads under this one's limit
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
         if result.returncode != 0:
-            lines = [line for line in result.stderr.splitlines() if line.startswith("tag: error: ")]
-            if lines:
-                where, _, problem = lines[-1].removeprefix("tag: error: ").partition(": ")
-                raise TagInputError(where, problem)
+            error = child_error(result.stderr)
+            if error is not None:
+                raise error
             raise RuntimeError(f"tracing {spec.name} failed:\n{result.stderr[-3000:]}")
     return files
 

@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tag_core.errors import TagInputError  # noqa: E402
 
 from .models.spec import ModelSpec
+from .time_limit import model_timeout, time_limit
 
 INIT_SCOPE = "tag_init"
 SMALL_VARIABLE = 64  # elements; such variables keep their initial values in the step file
@@ -96,14 +97,15 @@ def build_keras(spec: ModelSpec):
     global _builds
     _builds += 1
     keras.backend.clear_session()
-    try:
-        model = spec.build()
-    except TagInputError:
-        raise
-    except Exception as exc:
-        raise TagInputError("model", f"builder of {spec.name} raised {type(exc).__name__}: {exc}")
-    optimizer = spec.make_optimizer()
-    optimizer.build(model.trainable_variables)
+    with time_limit(model_timeout(spec.timeout), f"building the Keras model of {spec.name}"):
+        try:
+            model = spec.build()
+        except TagInputError:
+            raise
+        except Exception as exc:
+            raise TagInputError("model", f"builder of {spec.name} raised {type(exc).__name__}: {exc}")
+        optimizer = spec.make_optimizer()
+        optimizer.build(model.trainable_variables)
     return model, optimizer
 
 
@@ -135,8 +137,9 @@ def trace_step(spec: ModelSpec, batch_size: int | None, keras_objects=None) -> T
 
     input_specs = [tf.TensorSpec((batch_size, *i.shape), i.dtype) for i in spec.inputs]
     label_spec = tf.TensorSpec((batch_size, *spec.label.shape), spec.label.dtype)
-    try:
-        concrete = tf.function(step, autograph=False).get_concrete_function(input_specs, label_spec)
+    try:  # runs the model's own layers: bounded like its builder
+        with time_limit(model_timeout(spec.timeout), f"tracing a training step of {spec.name}"):
+            concrete = tf.function(step, autograph=False).get_concrete_function(input_specs, label_spec)
     except TagInputError:
         raise
     except Exception as exc:

@@ -121,3 +121,13 @@ def check_plan(plan: dict, strategy, model: str, topology, where: str, num_ops: 
             strategy.validate(num_ops, topology.num_machines, topology.num_devices)
     except TagInputError as exc:
         raise TagInputError(f"{where}: {exc.where}", exc.problem) from None
+
+
+def add_model_timeout(parser, flag: str = "--timeout") -> None:
+    """`flag` SECONDS into args.model_timeout: the limit on each step of loading the model (time_limit.py)."""
+    from tag_core.limits import MODEL_TIMEOUT_S
+
+    parser.add_argument(flag, dest="model_timeout", type=positive_float, metavar="SECONDS",
+                        help="seconds each step of loading the model (importing its file, calling its function, "
+                             f"building it, tracing a step) may take (default $TAG_MODEL_TIMEOUT, else "
+                             f"{MODEL_TIMEOUT_S:g})")

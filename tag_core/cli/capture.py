@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import open_store, positive_int, print_json
+from ._common import add_model_timeout, open_store, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -10,6 +10,7 @@ def register(subparsers) -> None:
     parser.add_argument("model", help="zoo name (see `tag models`) or path/to/file.py:function")
     parser.add_argument("--batch-size", type=positive_int, help="global batch size (default: the model's)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -17,7 +18,7 @@ def run(args) -> int:
     from tag_core.capture.models import resolve_model
     from tag_core.capture.steps import capture_model
 
-    spec = resolve_model(args.model, args.batch_size)
+    spec = resolve_model(args.model, args.batch_size, args.model_timeout)
     conn = open_store(args)
     try:
         graph = capture_model(conn, spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import check_plan, positive_int, print_json
+from ._common import add_model_timeout, check_plan, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -27,6 +27,7 @@ def register(subparsers) -> None:
                              "a plan from `tag fuse --json`")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -145,7 +146,7 @@ def run(args) -> int:
         strategy, where = chosen, f"--strategy {args.strategy}"
     batch = args.batch_size
     # A plan's graph hash is of the step at the model's own batch: keep it, the plan says its batch.
-    spec = resolve_model(args.model, None if plan is not None else batch)
+    spec = resolve_model(args.model, None if plan is not None else batch, args.model_timeout)
     if where is not None:
         check_plan(checked, chosen, spec.name, topology, where)
     if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):

@@ -16,7 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from ._common import non_negative_int, positive_float, positive_int, positive_int32, print_json, require
+from ._common import (
+    add_model_timeout,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_int32,
+    print_json,
+    require,
+)
 
 DEFAULT_STRATEGIES = ("single", "dp-nccl", "dp-nccl-p", "horovod", "ps", "model_parallel", "duplicate", "mixed", "tag")
 EXTRA = ("mixed", "tag")  # not names `tag simulate` knows: built here
@@ -45,6 +53,7 @@ def register(subparsers) -> None:
                         help="MCTS iterations of the tag plan (default 300)")
     parser.add_argument("--timeout", type=positive_float, default=1800.0,
                         help="seconds the measurement of every strategy may take before it is stopped (default 1800)")
+    add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
                              '"spearman", "median_abs_error", ...}')
@@ -92,7 +101,7 @@ def run(args) -> int:
     kinds = sorted({m.gpu.name for m in topology.machines})
     require(kinds == ["cpu"], "--topology", f"{topology.name} has {', '.join(kinds)} machines; fidelity runs "
                                             "here, on CPU tasks: use the topology `tag calibrate --local N` writes")
-    spec = resolve_model(args.model, args.batch_size)
+    spec = resolve_model(args.model, args.batch_size, args.model_timeout)
     batch = spec.batch_size
     graph, profiles, comm, uncalibrated = _inputs(args, spec, topology)
     if uncalibrated:
@@ -130,7 +139,7 @@ def _inputs(args, spec, topology):
 
     from ._common import open_store
 
-    own = resolve_model(args.model)  # captured at the model's own batch, as `tag plan` keeps it
+    own = resolve_model(args.model, timeout=args.model_timeout)  # captured at the model's own batch, as `tag plan` keeps it
     conn = open_store(args)
     try:
         _say(f"capturing {spec.name}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import non_negative_int, open_store, positive_int, positive_int_list, print_json
+from ._common import add_model_timeout, non_negative_int, open_store, positive_int, positive_int_list, print_json
 
 
 def register(subparsers) -> None:
@@ -13,6 +13,7 @@ def register(subparsers) -> None:
     parser.add_argument("--warmup", type=non_negative_int, default=2, help="unrecorded warm-up runs (default 2)")
     parser.add_argument("--batch-size", type=positive_int, help="batch size of the captured graph")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -21,7 +22,7 @@ def run(args) -> int:
     from tag_core.capture.models import resolve_model
     from tag_core.profile.profiler import profile_model
 
-    spec = resolve_model(args.model, args.batch_size)
+    spec = resolve_model(args.model, args.batch_size, args.model_timeout)
     conn = open_store(args)
     try:
         profile_model(conn, spec, args.batch_sizes, args.runs, args.warmup)

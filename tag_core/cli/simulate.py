@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import calibration_summary, captured_with_profiles, check_plan, communication, positive_int, print_json
+from ._common import (
+    add_model_timeout,
+    calibration_summary,
+    captured_with_profiles,
+    check_plan,
+    communication,
+    positive_int,
+    print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -19,6 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--timeline", metavar="FILE",
                         help="write a Gantt chart of the iteration to this file (.png, .svg, .pdf, ...)")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -34,7 +43,7 @@ def run(args) -> int:
         output_file(args.timeline, "--timeline")
         check_timeline_path(args.timeline)
     topology = load_topology(args.topology)
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, timeout=args.model_timeout)
     # A file, or the baseline's name, is checked before the (slow) capture: bad input writes nothing.
     plan, strategy = read_plan_file(args.strategy) if is_strategy_file(args.strategy) else (None, None)
     if plan is not None:

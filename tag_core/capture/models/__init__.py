@@ -2,7 +2,8 @@
 
 A model reference is either a zoo name, optionally with options
 (`mobilenet_v2[image_size=96]`), or `path/to/file.py:function`. The function
-returns a `ModelSpec` or a plain `keras.Model`.
+returns a `ModelSpec` or a plain `keras.Model`. Importing the file and calling the
+function each run under the model timeout (time_limit.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable
 
 from tag_core.errors import TagInputError
 
+from ..time_limit import ModelTimeout, can_interrupt, model_timeout, time_limit
 from .spec import InputSpec, ModelSpec
 from .text import bert_base, transformer
 from .vision import inception_v3, mlp, mobilenet_v2, resnet101, small_cnn, vgg19
@@ -59,17 +61,21 @@ def split_models(text: str) -> list[str]:
     return [part.strip() for part in [*parts, current] if part.strip()]
 
 
-def resolve_model(reference: str, batch_size: int | None = None) -> ModelSpec:
-    """Turn a model reference into a ModelSpec. Raises TagInputError for bad references."""
+def resolve_model(reference: str, batch_size: int | None = None, timeout: float | None = None) -> ModelSpec:
+    """Turn a model reference into a ModelSpec. Raises TagInputError for bad references, and for a user's
+    file whose import or function takes longer than `timeout` seconds (default: see time_limit.model_timeout);
+    the spec keeps the timeout for building and tracing later."""
     if not isinstance(reference, str) or not reference.strip():
         raise TagInputError("model", "a model name or path/to/file.py:function is required")
     reference = reference.strip()
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
         raise TagInputError("batch_size", f"must be a positive integer, got {batch_size!r}")
+    timeout = model_timeout(timeout)
     if ".py:" in reference:
-        spec = _load_user_model(reference)
+        spec = _load_user_model(reference, timeout)
     else:
         spec = _zoo_model(reference)
+    spec.timeout = timeout
     if batch_size is not None:
         spec.batch_size = batch_size
     if spec.batch_size <= 0:
@@ -103,25 +109,37 @@ def _zoo_model(reference: str) -> ModelSpec:
     return spec
 
 
-def _load_user_model(reference: str) -> ModelSpec:
+def _load_user_model(reference: str, timeout: float) -> ModelSpec:
     path_text, _, function_name = reference.rpartition(":")
     path = Path(path_text)
     if not path.is_file():
         raise TagInputError("model", f"file {path_text!r} does not exist")
     if not function_name.isidentifier():
         raise TagInputError("model", f"{function_name!r} is not a function name (use path/to/file.py:function)")
+    if not can_interrupt():  # nothing here could stop a hang: find it in a process that can be killed
+        from ..load_check import load_in_child
+
+        load_in_child(reference, timeout)
+    import keras  # noqa: F401  TensorFlow's start-up (seconds) is TAG's, not the model's: before the clock starts
+
     module_name = "tag_user_model_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     try:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
-        loader_spec.loader.exec_module(module)
+        with time_limit(timeout, f"importing {path_text} (for its function {function_name})"):
+            loader_spec.loader.exec_module(module)
+    except ModelTimeout:
+        raise
     except (Exception, SystemExit) as exc:  # the user's file: any failure (even sys.exit) is their input's
         raise TagInputError("model", f"could not import {path_text}: {type(exc).__name__}: {exc}")
     builder = getattr(module, function_name, None)
     if not callable(builder):
         raise TagInputError("model", f"{path_text} has no function {function_name!r}")
     try:
-        built = builder()
+        with time_limit(timeout, f"{function_name}() of {path_text}"):
+            built = builder()
+    except ModelTimeout:
+        raise
     except (Exception, SystemExit) as exc:
         raise TagInputError("model", f"builder {reference} raised {type(exc).__name__}: {exc}")
     spec = _as_spec(built, reference, builder)

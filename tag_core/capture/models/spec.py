@@ -30,6 +30,8 @@ class ModelSpec:
     # File the builder lives in, for user models: its hash tells when the model changed.
     source_file: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    # Seconds building and tracing may take (time_limit.py); resolve_model sets it, None: the default.
+    timeout: float | None = field(default=None, compare=False)
 
     def make_optimizer(self):
         import keras

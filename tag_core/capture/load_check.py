@@ -1,0 +1,61 @@
+"""`python -m tag_core.capture.load_check REFERENCE SECONDS`: import a user's model file and call its function
+in a process of its own, under the model timeout.
+
+A thread other than the main one cannot interrupt code (time_limit.py): there `resolve_model` runs this
+check first, and kills the child when even its own limits did not stop it (a hang in C code).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tag_core.errors import TagInputError
+
+# Beyond the child's own limits (importing, then calling): its interpreter's and TAG's start-up.
+CHILD_START_S = 60.0
+
+
+def child_error(stderr: str) -> TagInputError | None:
+    """The last `tag: error: WHERE: PROBLEM` line a child TAG process printed, as the error it was."""
+    lines = [line for line in stderr.splitlines() if line.startswith("tag: error: ")]
+    if not lines:
+        return None
+    where, _, problem = lines[-1].removeprefix("tag: error: ").partition(": ")
+    return TagInputError(where, problem)
+
+
+def load_in_child(reference: str, seconds: float) -> None:
+    """Raise the TagInputError loading `reference` gives, timeouts included, from a child process."""
+    from .time_limit import LONGEST_S
+
+    backstop = min(2 * seconds + CHILD_START_S, LONGEST_S)
+    command = [sys.executable, "-m", "tag_core.capture.load_check", reference, repr(seconds)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=backstop)
+    except subprocess.TimeoutExpired:  # run() killed it
+        raise TagInputError("model", f"loading {reference} in a child process did not finish within "
+                                     f"{backstop:g} s (model timeout {seconds:g} s)") from None
+    if result.returncode != 0:
+        error = child_error(result.stderr)
+        if error is not None:
+            raise error
+        raise RuntimeError(f"loading {reference} in a child process failed:\n{result.stderr[-3000:]}")
+
+
+def main(argv: list[str]) -> int:
+    from .models import resolve_model
+
+    if len(argv) != 2:
+        print("usage: python -m tag_core.capture.load_check REFERENCE SECONDS", file=sys.stderr)
+        return 2
+    try:
+        resolve_model(argv[0], timeout=float(argv[1]))
+    except TagInputError as exc:
+        print(f"tag: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
