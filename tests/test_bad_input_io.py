@@ -81,7 +81,8 @@ def test_duckdb_never_fetches_extensions_on_connect(tmp_path, monkeypatch):
     assert "download" not in str(caught.value).lower() and "install it first" in str(caught.value).lower()
 
 
-def test_locked_database_names_the_holder(tmp_path, capsys):
+def test_locked_database_names_the_holder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TAG_STORE_WAIT_S", "0.5")  # opening waits this long for the holder, then names it
     db = make_db(tmp_path / "x.duckdb", tmp_path)
     capsys.readouterr()  # the import's warning: mlp is not captured in this store
     holder = subprocess.Popen(
@@ -90,7 +91,8 @@ def test_locked_database_names_the_holder(tmp_path, capsys):
     try:
         assert holder.stdout.readline().strip() == "ok"
         assert main(["--db", str(db), "profiles", "list"]) == 2
-        assert f"is locked by another process (pid {holder.pid})" in error_of(capsys, "--db")
+        error = error_of(capsys, "--db")
+        assert f"is locked by another process (pid {holder.pid}) after waiting 0.5 s (TAG_STORE_WAIT_S)" in error
     finally:
         holder.kill()
         holder.wait()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int32, help="global batch to plan for (default: the model's)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget-iterations", type=positive_int, help="MCTS iterations (default 300)")
-    budget.add_argument("--budget-seconds", type=positive_float, help="MCTS wall-clock seconds")
+    budget.add_argument("--budget-seconds", type=positive_float,
+                        help="wall-clock seconds for all of planning: set-up, MCTS, MCMC and SFB (capture and "
+                             "profiling, when needed, come first and are not counted)")
     parser.add_argument("--seed", type=non_negative_int32, default=0, help="search seed (default 0)")
     parser.add_argument("--groups", type=positive_int, default=60, help="METIS op groups (default 60)")
     parser.add_argument("--warm-start", metavar="PLAN_JSON", help="start the search from a previous plan file")
@@ -108,14 +109,8 @@ def run(args) -> int:
                   fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit, comm=comm,
                   uncalibrated_because=uncalibrated)
     data = result.to_dict()
-    conn = open_store(args)
-    try:
-        # The snapshot goes in too, so lineage and the report can find the topology a plan was made for.
-        store.save_topology_snapshot(conn, topology.name, topology.content_hash(), topology.to_dict(), args.topology)
-        store.save_plan(conn, uuid.uuid4().hex[:16], data, source="cli")
-    finally:
-        conn.close()
-    if args.out:  # after the store: a failed insert leaves the old file
+    kept_in = _save(args, data)
+    if args.out and not kept_in:  # after the store: a failed insert leaves the old file
         write_atomically(args.out, json.dumps(data, indent=2) + "\n", make_parents=False)
     if args.json:
         print_json(data)
@@ -123,7 +118,42 @@ def run(args) -> int:
         print(format_table(data, result.actions))
         if args.out:
             print(f"plan written to {args.out}")
+    if kept_in:
+        print(f"tag: error: {kept_in[1]}; the plan is kept in {kept_in[0]}: store it with "
+              f"`tag plans import {kept_in[0]}`", file=sys.stderr)
+        return 1
     return 0
+
+
+def _save(args, data: dict) -> tuple[Path, str] | None:
+    """Store the plan with its topology snapshot. If another process holds the store past the wait
+    (TAG_STORE_WAIT_S), the finished search is not lost: the plan goes to --out, else to a recovery file
+    under TAG_HOME. Returns (that file, why), or None once stored."""
+    from tag_core import store
+    from tag_core.files import write_atomically
+    from tag_core.plan.plan_file import plan_id
+
+    try:
+        conn = open_store(args)
+    except store.StoreBusy as busy:
+        path = Path(args.out) if args.out else _recovery_file(data)
+        write_atomically(path, json.dumps(data, indent=2) + "\n", make_parents=not args.out)
+        return path, str(busy)
+    try:
+        store.save_plan_with_snapshot(conn, plan_id(data), data, source="cli", source_file=args.topology)
+    finally:
+        conn.close()
+    return None
+
+
+def _recovery_file(data: dict) -> Path:
+    import re
+
+    from tag_core.plan.plan_file import plan_id
+    from tag_core.store import tag_home
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{data['model']}-{data['topology']}")[:100]
+    return tag_home() / "recovery" / f"plan-{name}-{plan_id(data)}.json"
 
 
 def _read_plan(path: str) -> dict:

@@ -170,6 +170,8 @@ class Plan:
         return {
             "model": self.model,
             "topology": self.topology.name,
+            # The plan travels alone: `tag plans import` and `tag emit` need no topology file.
+            "topology_snapshot": {"hash": self.topology.content_hash(), "snapshot": self.topology.to_dict()},
             "batch_size": self.batch_size,
             "groups": self.groups.num_groups,
             "strategy": self.strategy.to_dict(),

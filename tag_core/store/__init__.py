@@ -5,7 +5,16 @@ and plain rows: dicts, tuples and DataFrames. Out: rows again. The store knows n
 types, so every stage may use it. Each write is one transaction.
 """
 
-from .connection import CONNECT_CONFIG, connect, default_database, ensure_schema, tag_home, transaction
+from .connection import (
+    CONNECT_CONFIG,
+    StoreBusy,
+    connect,
+    default_database,
+    ensure_schema,
+    store_wait_s,
+    tag_home,
+    transaction,
+)
 from .graphs import (
     captured_model,
     list_captured_models,
@@ -30,6 +39,7 @@ from .plans import (
     PLAN_COLUMNS,
     SFB_COLUMNS,
     current_plans,
+    has_plan,
     latest_plan,
     latest_topology_snapshot,
     load_fusion_plan,
@@ -41,6 +51,7 @@ from .plans import (
     retired_topologies,
     save_fusion_plan,
     save_plan,
+    save_plan_with_snapshot,
     save_sfb_decisions,
     save_topology_snapshot,
 )
@@ -50,7 +61,7 @@ from .schema import SCHEMA, SCHEMA_VERSION
 __all__ = [
     "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
     "list_calibrations", "load_calibration", "load_measured_steps", "save_calibration", "save_measured_step",
-    "CONNECT_CONFIG", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
+    "CONNECT_CONFIG", "StoreBusy", "has_plan", "save_plan_with_snapshot", "store_wait_s", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
     "captured_model", "connect", "current_plans", "default_database", "ensure_schema", "latest_plan",
     "latest_topology_snapshot", "list_captured_models", "load_fusion_plan", "load_op_groups", "load_plans",
     "load_profiles", "load_sfb_decisions", "op_graph_rows", "plan_lineage", "profile_set_hash", "profile_summary",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -13,6 +15,25 @@ import duckdb
 from tag_core.errors import TagInputError
 
 from .schema import SCHEMA, SCHEMA_VERSION
+
+# How long opening the store waits while another process holds it (TAG_STORE_WAIT_S): long enough for
+# another plan's save or a report, short enough that a forgotten notebook gets named rather than waited out.
+DEFAULT_WAIT_S = 60.0
+
+
+class StoreBusy(TagInputError):
+    """Another process held the store for longer than the wait."""
+
+
+def store_wait_s() -> float:
+    text = os.environ.get("TAG_STORE_WAIT_S", "")
+    try:
+        value = float(text) if text.strip() else DEFAULT_WAIT_S
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise TagInputError("TAG_STORE_WAIT_S", f"must be a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def tag_home() -> Path:
@@ -53,13 +74,33 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.D
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # e.g. TAG_HOME is a file
             raise TagInputError(where, f"cannot create directory {str(path.parent)!r} ({exc.strerror})") from None
-    try:
-        conn = duckdb.connect(str(path), read_only=read_only, config=CONNECT_CONFIG)
-    except duckdb.Error as exc:
-        raise TagInputError(where, _open_problem(path, exc)) from None
+    conn = _connect_waiting(path, read_only, where)
     if not read_only:
         ensure_schema(conn)
     return conn
+
+
+def _connect_waiting(path: Path, read_only: bool, where: str) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect, retried with backoff while another process holds the file, up to `store_wait_s()`."""
+    wait_s = store_wait_s()
+    began = time.monotonic()
+    give_up = began + wait_s
+    pause, told = 0.05, False
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only, config=CONNECT_CONFIG)
+        except duckdb.Error as exc:
+            problem = _open_problem(path, exc)
+            if "locked by another process" not in problem:
+                raise TagInputError(where, problem) from None
+            if time.monotonic() + pause > give_up:
+                waited = f" after waiting {wait_s:g} s (TAG_STORE_WAIT_S)" if wait_s else ""
+                raise StoreBusy(where, problem.replace("; close it", f"{waited}; close it")) from None
+            if not told and time.monotonic() - began >= 1.0:  # a short wait passes unremarked
+                print(f"tag: waiting up to {wait_s:g} s for the store: {problem.split('; ')[0]}", file=sys.stderr)
+                told = True
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def _require_duckdb_file(path: Path, where: str) -> None:

@@ -12,11 +12,13 @@ from .connection import transaction
 def save_topology_snapshot(conn, topology: str, content_hash: str, snapshot: dict, source_file: str | None) -> None:
     """Record a validated snapshot; the same content again only refreshes its time."""
     with transaction(conn):
-        conn.execute("DELETE FROM topology_snapshots WHERE topology = ? AND content_hash = ?", [topology, content_hash])
-        conn.execute(
-            "INSERT INTO topology_snapshots (topology, content_hash, snapshot, source_file) VALUES (?, ?, ?, ?)",
-            [topology, content_hash, json.dumps(snapshot), source_file],
-        )
+        _insert_snapshot(conn, topology, content_hash, snapshot, source_file)
+
+
+def _insert_snapshot(conn, topology: str, content_hash: str, snapshot: dict, source_file: str | None) -> None:
+    conn.execute("DELETE FROM topology_snapshots WHERE topology = ? AND content_hash = ?", [topology, content_hash])
+    conn.execute("INSERT INTO topology_snapshots (topology, content_hash, snapshot, source_file) VALUES (?, ?, ?, ?)",
+                 [topology, content_hash, json.dumps(snapshot), source_file])
 
 
 def latest_topology_snapshot(conn, topology: str) -> dict | None:
@@ -51,6 +53,23 @@ PLAN_COLUMNS = ["plan_id", "model", "topology", "source", "tag_time_s", "dp_nccl
 
 def save_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | None = None) -> None:
     """Append a plan (the plan JSON of `tag plan`) with its lineage columns; plans are never overwritten."""
+    with transaction(conn):
+        _insert_plan(conn, plan_id, plan, source, topology_key)
+
+
+def save_plan_with_snapshot(conn, plan_id: str, plan: dict, source: str, source_file: str | None) -> None:
+    """A plan and the topology snapshot it carries (`topology_snapshot`), in one transaction: both or neither."""
+    carried = plan["topology_snapshot"]
+    with transaction(conn):
+        _insert_snapshot(conn, plan["topology"], carried["hash"], carried["snapshot"], source_file)
+        _insert_plan(conn, plan_id, plan, source, None)
+
+
+def has_plan(conn, plan_id: str) -> bool:
+    return conn.execute("SELECT count(*) FROM plans WHERE plan_id = ?", [plan_id]).fetchone()[0] > 0
+
+
+def _insert_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | None) -> None:
     lineage = plan.get("lineage", {})
     values = [plan_id, plan["model"], topology_key or plan["topology"], source, plan["tag"]["iteration_time_s"],
               plan["baselines"]["dp_nccl"]["iteration_time_s"], plan.get("speedup_vs_dp_nccl"), plan["oom"],
@@ -58,8 +77,7 @@ def save_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | N
               lineage.get("topology_hash"), lineage.get("checkpoint"), lineage.get("code_version"),
               lineage.get("seed"), json.dumps(lineage.get("budget")), lineage.get("warm_start_from"),
               lineage.get("calibration"), json.dumps(plan)]
-    with transaction(conn):
-        conn.execute(f"INSERT INTO plans ({', '.join(PLAN_COLUMNS[:-1])}) VALUES ({', '.join('?' * len(values))})", values)
+    conn.execute(f"INSERT INTO plans ({', '.join(PLAN_COLUMNS[:-1])}) VALUES ({', '.join('?' * len(values))})", values)
 
 
 def load_plans(conn, model: str | None = None, topology: str | None = None) -> pd.DataFrame:
