@@ -116,13 +116,22 @@ def _validated_row(record: dict, where: str) -> dict:
     row["host"] = record.get("host") or None
     row["tf_version"] = record.get("tf_version") or None
     stamp = record.get("profiled_at") or None
-    if stamp:
-        try:
-            stamp = pd.Timestamp(stamp).to_pydatetime()
-        except ValueError:
-            raise TagInputError(f"{where}.profiled_at", f"must be a timestamp, got {stamp!r}")
-    row["profiled_at"] = stamp or pd.Timestamp.now(tz="UTC").tz_localize(None).to_pydatetime()
+    row["profiled_at"] = _timestamp(stamp, where) if stamp else pd.Timestamp.now(tz="UTC").tz_localize(None).to_pydatetime()
     return row
+
+
+def _timestamp(text: str, where: str):
+    """`text` as a naive UTC datetime, as the column stores them: a zone is converted (DuckDB refuses a
+    column that mixes zoned and naive times), and NaT ("nan", "NaT") is no time."""
+    try:
+        stamp = pd.Timestamp(text)
+    except ValueError:
+        stamp = pd.NaT
+    if stamp is pd.NaT:
+        raise TagInputError(f"{where}.profiled_at", f"must be a timestamp, got {text!r}")
+    if stamp.tzinfo is not None:
+        stamp = stamp.tz_convert("UTC").tz_localize(None)
+    return stamp.to_pydatetime()
 
 
 def unknown_rows(conn, rows: pd.DataFrame, source: str | Path, strict: bool = False) -> str | None:
