@@ -201,6 +201,39 @@ def test_plan_for_something_else_is_refused(tag_home, tmp_path, two_by_two, caps
     assert not (tmp_path / "out").exists()
 
 
+def _travelling_plan(tmp_path, two_by_two, edit=None):
+    """A plan file as `tag plan` writes it: it carries its topology snapshot and hash."""
+    path = _plan_file(tmp_path, two_by_two)
+    plan = json.loads(path.read_text())
+    topology = load_topology(two_by_two)
+    plan.update(topology_snapshot={"hash": topology.content_hash(), "snapshot": topology.to_dict()}, oom=False,
+                tag={"iteration_time_s": 0.01}, baselines={"dp_nccl": {"iteration_time_s": 0.01}})
+    if edit:
+        edit(plan)
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_a_plan_that_carries_its_snapshot_emits_with_nothing_else(tmp_path, two_by_two, monkeypatch, capsys):
+    plan = _travelling_plan(tmp_path, two_by_two)
+    monkeypatch.setenv("TAG_HOME", str(tmp_path / "elsewhere" / "fresh_home"))  # another machine's TAG_HOME
+    assert main(_emit_args(tmp_path, "--plan", str(plan))) == 0, capsys.readouterr().err
+    cluster = json.loads((tmp_path / "out" / "cluster.json").read_text())
+    assert len(cluster["cluster"]["worker"]) == 2  # one task per machine of the carried snapshot
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda p: p["topology_snapshot"]["snapshot"]["machines"][1].update(count=4), "topology_snapshot.snapshot"),
+    (lambda p: p["lineage"].update(graph_hash="0123456789abcdef"), "another graph"),
+], ids=["snapshot edited", "graph hash wrong"])
+def test_a_tampered_travelling_plan_is_refused(tmp_path, two_by_two, capsys, edit, field):
+    plan = _travelling_plan(tmp_path, two_by_two, edit)
+    assert main(_emit_args(tmp_path, "--plan", str(plan))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tag: error: --plan") and field in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_plan_with_missing_groups_is_refused(tag_home, tmp_path, two_by_two, capsys):
     plan_path = _plan_file(tmp_path, two_by_two)
     plan = json.loads(plan_path.read_text())

@@ -14,8 +14,8 @@ def register(subparsers) -> None:
     source.add_argument("--plan", help="plan JSON from `tag plan --out`")
     source.add_argument("--strategy", help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for "
                                            "every op (allreduce, ps, duplicate, model_parallel), or a strategy JSON file")
-    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy, and with a plan "
-                                           "that names its topology without including it, as `tag plan` writes)")
+    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy; with --plan, the "
+                                           "snapshot the plan carries is the default)")
     parser.add_argument("--out", required=True, help="folder to write (must not exist unless --force)")
     parser.add_argument("--device-kind", choices=("gpu", "cpu"), default="gpu",
                         help="GPU devices (a real cluster) or logical CPU devices (to run here); default gpu")

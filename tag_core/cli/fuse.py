@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common import open_store, positive_int, print_json
+from ._common import add_model_timeout, open_store, positive_int, print_json
 
 
 def register(subparsers) -> None:
@@ -20,6 +20,7 @@ def register(subparsers) -> None:
                              "ops, as library calls)")
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode (default 10)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -30,7 +31,7 @@ def run(args) -> int:
     from tag_core.cluster.gpu_catalog import lookup_gpu
     from tag_core.fusion.fuse import fuse_model
 
-    spec = resolve_model(args.model, args.batch_size)
+    spec = resolve_model(args.model, args.batch_size, timeout=args.model_timeout)
     gpu = lookup_gpu(args.gpu, "--gpu")
     conn = open_store(args)
     try:

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from ._common import (
+    add_model_timeout,
     non_negative_int32,
     open_store,
     positive_float,
@@ -42,6 +43,7 @@ def register(subparsers) -> None:
                         help="seconds per gradient's SFB solve; a solve past it keeps the gradient's sync (default 5)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--out", metavar="PLAN_JSON", help="write the plan JSON to this file (atomically)")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -81,7 +83,7 @@ def run(args) -> int:
     prior = fit_prior(choose_prior(args.prior, args.checkpoint), topology.num_machines, args.groups, args.prior)
     if prior.warning:
         print(f"tag: warning: {prior.warning}", file=sys.stderr)
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, timeout=args.model_timeout)
     batch = args.batch_size or spec.batch_size
     conn = open_store(args)
     try:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from ._common import captured_with_profiles, check_plan, communication, positive_float, positive_int, print_json
+from ._common import (
+    add_model_timeout,
+    captured_with_profiles,
+    check_plan,
+    communication,
+    positive_float,
+    positive_int,
+    print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -18,6 +26,7 @@ def register(subparsers) -> None:
                         help="seconds per gradient's solve; past it the gradient keeps its sync (default 5)")
     parser.add_argument("--all", action="store_true", help="list every gradient considered, not only the chosen")
     parser.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    add_model_timeout(parser)
     parser.set_defaults(run=run)
 
 
@@ -31,7 +40,7 @@ def run(args) -> int:
     from tag_core.simulate.simulator import Simulator
 
     topology = load_topology(args.topology)
-    spec = resolve_model(args.model)
+    spec = resolve_model(args.model, timeout=args.model_timeout)
     # Both are checked before the (slow) capture: bad input writes nothing.
     plan, strategy = read_plan_file(args.plan, "--plan") if args.plan else (None, None)
     if plan is not None:

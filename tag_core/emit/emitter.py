@@ -188,11 +188,15 @@ def plan_strategy(plan: dict[str, Any]) -> Strategy:
 
 
 def plan_topology(plan: dict[str, Any], topology: Topology | None) -> Topology:
-    """The topology to emit for: the one given, else one the plan embeds."""
+    """The topology to emit for: the one given, else the snapshot the plan carries."""
     from tag_core.cluster.topology_json import parse_topology
 
     if topology is not None:
         return topology
+    if "topology_snapshot" in plan:  # as `tag plan` writes: checked against its hash
+        from tag_core.plan.plan_file import check_plan_file
+
+        return check_plan_file(plan, "--plan").topology
     embedded = plan.get("topology")
     if isinstance(embedded, dict):
         return parse_topology(embedded, "plan topology")
