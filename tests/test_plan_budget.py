@@ -10,7 +10,7 @@ from simgraphs import profiles, topology, train_graph
 
 from tag_core.cli import main
 from tag_core.errors import TagInputError
-from tag_core.gnn.prior import MAX_JOINT_EDGES, SHIPPED_CHECKPOINT, PriorChoice, fit_prior, joint_edges, load_prior
+from tag_core.gnn.prior import MAX_JOINT_EDGES, SHIPPED_CHECKPOINT, PriorChoice, joint_edges, load_prior, sized_prior
 from tag_core.plan import plan
 from tag_core.plan.deadline import Deadline
 from tag_core.search import Budget
@@ -53,22 +53,25 @@ def test_the_search_gets_what_the_work_after_it_leaves():
     assert deadline.mcmc_budget(5) == Budget(simulations=5, seconds=0.0)
 
 
-@pytest.fixture(scope="module")
-def gnn():
-    return load_prior(SHIPPED_CHECKPOINT, "test")
+def test_the_gnn_prior_stands_aside_past_its_edge_bound():
+    loaded = []
 
+    def gnn():
+        loaded.append(True)
+        return load_prior(SHIPPED_CHECKPOINT, "test")
 
-def test_the_gnn_prior_stands_aside_past_its_edge_bound(gnn):
-    assert fit_prior(gnn, 32, 60, None) is gnn
+    assert sized_prior(gnn, None, 32, 60).kind == "gnn" and loaded
     assert joint_edges(32, 60) <= MAX_JOINT_EDGES < joint_edges(300, 60)
-    fallback = fit_prior(gnn, 300, 60, None)
+    loaded.clear()
+    fallback = sized_prior(gnn, None, 300, 60)
+    assert not loaded  # too large: the network is not even loaded
     assert fallback.kind == "uniform" and fallback.prior is None and fallback.lineage()["checkpoint"] is None
     assert f"{joint_edges(300, 60):,} edges" in fallback.warning and "uniform priors" in fallback.warning
     with pytest.raises(TagInputError) as asked:
-        fit_prior(gnn, 300, 60, "gnn")
+        sized_prior(gnn, "gnn", 300, 60)
     assert asked.value.where == "--prior" and "--prior uniform" in asked.value.problem
     uniform = PriorChoice("uniform", None)
-    assert fit_prior(uniform, 4096, 60, None) is uniform
+    assert sized_prior(lambda: uniform, "uniform", 4096, 60) is uniform  # asked for: no warning
 
 
 def test_tag_plan_refuses_the_gnn_by_name_on_a_cluster_too_large_for_it(tmp_path, capsys, monkeypatch):

@@ -23,7 +23,7 @@ from tag_core import store
 from tag_core.capture import load_op_graph, resolve_model
 from tag_core.cluster import recorded_topology
 from tag_core.fusion import FusionPlan
-from tag_core.gnn.prior import fit_prior, pipeline_prior
+from tag_core.gnn.prior import pipeline_prior, sized_prior
 from tag_core.plan import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
 from tag_core.report import markdown_image, plan_pictures
 from tag_core.search import DEFAULT_GROUPS, Budget, OpGroups
@@ -110,7 +110,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
         budget = (Budget(seconds=config.budget_seconds) if config.budget_seconds
                   else Budget(iterations=config.budget_iterations))
         num_groups = groups.num_groups if groups is not None else DEFAULT_GROUPS
-        prior = fit_prior(pipeline_prior(config.prior), topology.num_machines, num_groups, config.prior)
+        prior = sized_prior(lambda: pipeline_prior(config.prior), config.prior, topology.num_machines, num_groups)
         if prior.warning:
             context.log.warning(prior.warning)
         result = plan(graph, topology, profiles, batch_size=config.batch_size, groups=groups, budget=budget,

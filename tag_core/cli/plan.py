@@ -66,7 +66,7 @@ def run(args) -> int:
     from tag_core.cluster.topology_json import load_topology
     from tag_core.errors import TagInputError
     from tag_core.files import output_file, write_atomically
-    from tag_core.gnn.prior import choose_prior, fit_prior
+    from tag_core.gnn.prior import choose_prior, sized_prior
     from tag_core.plan.planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
     from tag_core.plan.warm_start import warm_start_problem
     from tag_core.profile.profiler import profile_model
@@ -80,7 +80,8 @@ def run(args) -> int:
     if args.checkpoint and Path(args.checkpoint).is_dir():
         raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")
     # Before the slow steps: a bad checkpoint, or a problem too large for the GNN, fails fast.
-    prior = fit_prior(choose_prior(args.prior, args.checkpoint), topology.num_machines, args.groups, args.prior)
+    prior = sized_prior(lambda: choose_prior(args.prior, args.checkpoint), args.prior, topology.num_machines,
+                        args.groups)
     if prior.warning:
         print(f"tag: warning: {prior.warning}", file=sys.stderr)
     spec = resolve_model(args.model, timeout=args.model_timeout)

@@ -20,7 +20,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -109,12 +109,14 @@ def joint_edges(num_machines: int, num_groups: int) -> int:
     return num_machines * (num_machines - 1) + 2 * num_groups * num_machines
 
 
-def fit_prior(choice: PriorChoice, num_machines: int, num_groups: int, asked: str | None) -> PriorChoice:
-    """`choice`, or uniform priors with a warning when the problem's joint graph is too large for the GNN.
-    Refused (TagInputError) when the user asked for the GNN by name (`asked` is "gnn")."""
+def sized_prior(choose: Callable[[], PriorChoice], asked: str | None, num_machines: int,
+                num_groups: int) -> PriorChoice:
+    """`choose()`, unless the problem's joint graph is too large for the GNN: then uniform priors with a
+    warning, without loading the network (torch and dgl take seconds to import), or refused when the user
+    asked for the GNN by name (`asked` is "gnn")."""
     edges = joint_edges(num_machines, num_groups)
-    if choice.prior is None or edges <= MAX_JOINT_EDGES:
-        return choice
+    if asked == "uniform" or edges <= MAX_JOINT_EDGES:
+        return choose()
     why = (f"the GNN's joint graph for {num_machines} machines x {num_groups} op groups has {edges:,} edges, "
            f"more than the {MAX_JOINT_EDGES:,} whose priors cost less than the simulations they guide")
     if asked == "gnn":
