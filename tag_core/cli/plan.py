@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -150,8 +151,6 @@ def _save(args, data: dict) -> tuple[Path, str] | None:
 
 
 def _recovery_file(data: dict) -> Path:
-    import re
-
     from tag_core.plan.plan_file import plan_id
     from tag_core.store import tag_home
 
