@@ -12,6 +12,7 @@ from shared_stores import building, copy_store
 
 from tag_core import store
 from tag_core.cli import main
+from tag_core.report import page_stem
 
 SNAPSHOT = {
     "name": "two-boxes",
@@ -66,8 +67,13 @@ def test_report_has_table_and_pictures(planned, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert MODEL in printed and "two-boxes" in printed and "report:" in printed
     page = (out / "index.html").read_text()
-    assert page.count("data:image/png;base64,") == 3  # speedup bars, heatmap, timeline
+    assert "<img src='speedup.png'" in page and (out / "speedup.png").is_file()
     assert re.search(r"<td>\d+\.\d\d×</td>", page)
+    plan_page = out / "plans" / f"{page_stem(MODEL, 'two-boxes')}.html"
+    assert f'href="plans/{plan_page.name}"' in page
+    for picture in ("speedup", "memory", "heatmap", "gantt"):  # each a PNG beside its page
+        assert f"src='{plan_page.stem}-{picture}.png'" in plan_page.read_text()
+        assert (plan_page.parent / f"{plan_page.stem}-{picture}.png").is_file()
 
 
 def test_retired_topologies_leave_the_current_plans(planned):

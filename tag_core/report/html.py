@@ -1,44 +1,33 @@
-"""The HTML report of all current plans: a table against the baselines, speedup bars, and per plan
-the placement heatmap, the simulated Gantt timeline and the lineage; then, when steps were measured
-(`measured_steps`), predicted against measured as a scatter and the newest measurement of each."""
+"""The HTML report of all current plans: `index.html` with a table against the baselines (each plan linking
+to its page), speedup bars and, when steps were measured (`measured_steps`), predicted against measured as a
+scatter and the newest measurement of each; then one page per model × topology under `plans/` (see `pages`),
+its pictures as PNG files beside it."""
 
 from __future__ import annotations
 
 import base64
 import html
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from tag_core import store
 from tag_core.capture.steps import load_op_graph
-from tag_core.cluster.topology import Topology
 from tag_core.cluster.topology_json import parse_topology
 from tag_core.files import write_atomically
 from tag_core.runtime.measure import step_error
-from tag_core.simulate.strategy import Strategy
 
-from .plots import SCATTER_BAND, gantt, placement_heatmap, predicted_vs_measured, speedup_bars
+from .labels import page_stem
+from .pages import STYLE, PageFacts, name_cell, plan_page
+from .pictures import PlanPictures, plan_pictures
+from .plots import SCATTER_BAND, predicted_vs_measured, speedup_bars
 
 BASELINE_ORDER = ("dp_nccl", "dp_nccl_p", "horovod", "mcmc")
+PAGES = "plans"  # the folder of the plan pages, under the report's folder
 
-
-@dataclass
-class PlanPictures:
-    heatmap: bytes
-    gantt: bytes
-
-
-def plan_pictures(graph, profiles, topology: Topology, plan: dict) -> PlanPictures:
-    """Heatmap and Gantt of one plan, re-simulated (with a timeline) from its graph and profiles."""
-    from tag_core.simulate.simulator import Simulator
-
-    strategy = Strategy.from_dict(plan["strategy"])
-    result = Simulator(graph, topology, profiles, plan["batch_size"]).run(strategy, timeline=True)
-    title = f"{plan['model']} on {plan['topology']}"
-    return PlanPictures(placement_heatmap(strategy, topology, title), gantt(result, graph, topology, title))
+__all__ = ["BASELINE_ORDER", "PlanPictures", "build_report", "format_table", "measured_section", "page_facts",
+           "plan_pictures", "plan_table_rows"]
 
 
 def plan_table_rows(plans: pd.DataFrame) -> list[dict]:
@@ -49,7 +38,8 @@ def plan_table_rows(plans: pd.DataFrame) -> list[dict]:
                "tag_ms": plan["tag"]["iteration_time_s"] * 1e3,
                "speedup_vs_dp_nccl": plan.get("speedup_vs_dp_nccl"),
                "tag_over_ideal": plan["tag"]["iteration_time_s"] / plan["ideal_time_s"] if plan.get("ideal_time_s") else None,
-               "oom": plan["oom"], "created_at": str(record["created_at"])[:19], "plan": plan}
+               "oom": plan["oom"], "created_at": str(record["created_at"])[:19], "plan": plan,
+               "plan_id": record.get("plan_id", "")}
         for name in BASELINE_ORDER:
             baseline = plan["baselines"].get(name)
             row[f"{name}_ms"] = baseline["iteration_time_s"] * 1e3 if baseline and not baseline.get("oom") else None
@@ -77,47 +67,82 @@ def _image(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def page_facts(conn, row: dict) -> PageFacts:
+    """The lineage a plan's page shows, from its JSON and the store (snapshot, profiles, calibration, history)."""
+    plan = row["plan"]
+    lineage = plan.get("lineage", {})
+    history = store.plan_lineage(conn, row["model"], row["topology"])
+    mine = history[history.plan_id == row["plan_id"]].to_dict("records")
+    carried = plan.get("topology_snapshot") or {}
+    latest = store.latest_topology_snapshot(conn, row["topology"])
+    snapshot_json = carried.get("snapshot") or (latest or {}).get("snapshot")
+    snapshot = {"hash": carried.get("hash") or (latest or {}).get("content_hash"),
+                "file": mine[0]["snapshot_file"] if mine else (latest or {}).get("source_file"),
+                "recorded_at": str(mine[0]["snapshot_recorded_at"])[:19] if mine else None,
+                "json": snapshot_json}
+    if snapshot_json:
+        snapshot["machines"] = len(snapshot_json.get("machines", []))
+        snapshot["devices"] = sum(m.get("count", 0) for m in snapshot_json.get("machines", []))
+    profiles = store.profile_summary(conn, row["model"]).to_dict("records")
+    calibration = store.load_calibration(conn, lineage["calibration"]) if lineage.get("calibration") else None
+    return PageFacts(row=row, plan_id=row["plan_id"], snapshot=snapshot, profiles=profiles, calibration=calibration,
+                     history=history.to_dict("records"),
+                     missing="" if snapshot_json else "The topology snapshot is not recorded: no pictures.")
+
+
+def write_plan_page(folder: Path, facts: PageFacts, pictures: PlanPictures | None) -> Path:
+    """`<stem>.html` and its `<stem>-<picture>.png` files in `folder`; returns the page's path."""
+    stem = page_stem(facts.row["model"], facts.row["topology"])
+    images = {}
+    for name, png in (pictures.named() if pictures else {}).items():
+        write_atomically(folder / f"{stem}-{name}.png", png)
+        images[name] = f"{stem}-{name}.png"
+    path = folder / f"{stem}.html"
+    write_atomically(path, plan_page(facts, images))
+    return path
+
+
 def build_report(conn, out_dir: str | Path) -> Path:
-    """Write `index.html` (images inline) for every current plan; returns its path."""
+    """Write `index.html`, `speedup.png` and a page per current plan under `plans/`; returns the index's path."""
+    out_dir = Path(out_dir)
     rows = plan_table_rows(store.current_plans(conn))
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>TAG plans</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,td:nth-child(2){text-align:left}"
-        "img{max-width:100%;border:1px solid #eee;margin:6px 0}pre{background:#f6f6f6;padding:8px}</style>",
-        "</head><body><h1>TAG plans</h1>",
-    ]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>TAG plans</title><style>{STYLE}</style>",
+             "</head><body><h1>TAG plans</h1>"]
     if not rows:
         parts.append("<p>No plans yet: run <code>tag plan</code> or materialize <code>deployment_plan</code>.</p>")
     else:
-        parts.append("<p>Simulated iteration times in milliseconds; speedup is over DP-NCCL.</p><table><tr>"
-                     + "".join(f"<th>{h}</th>" for h in ["model", "topology", "TAG", "DP-NCCL", "DP-NCCL-P",
-                                                          "Horovod", "MCMC", "speedup", "TAG / ideal", "made"])
-                     + "</tr>")
+        parts.append(f"<p>{len(rows)} current plan{'s' * (len(rows) != 1)}, one page each (the model links to it): "
+                     "simulated iteration times in milliseconds; speedup is over DP-NCCL.</p><table><tr>"
+                     + "".join(f"<th{' class=name' * (h in ('model', 'topology'))}>{h}</th>"
+                               for h in ["model", "topology", "TAG", "DP-NCCL", "DP-NCCL-P", "Horovod", "MCMC",
+                                         "speedup", "TAG / ideal", "made"]) + "</tr>")
         for r in rows:
-            cells = [r["model"], r["topology"], _ms(r["tag_ms"])] + [_ms(r[f"{b}_ms"]) for b in BASELINE_ORDER] + [
+            page = write_plan_page(out_dir / PAGES, page_facts(conn, r), _pictures(conn, r))
+            cells = [_ms(r["tag_ms"])] + [_ms(r[f"{b}_ms"]) for b in BASELINE_ORDER] + [
                 f"{r['speedup_vs_dp_nccl']:.2f}×" if r["speedup_vs_dp_nccl"] else "DP OOM",
                 f"{r['tag_over_ideal']:.2f}" if r["tag_over_ideal"] else "-", r["created_at"]]
-            parts.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+            parts.append("<tr>" + name_cell(r["model"], f"{PAGES}/{page.name}") + name_cell(r["topology"])
+                         + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
         parts.append("</table>")
-        parts.append(_image(speedup_bars(rows), "speedup bars"))
-        for r in rows:
-            plan = r["plan"]
-            snapshot = store.latest_topology_snapshot(conn, r["topology"])
-            parts.append(f"<h2>{html.escape(r['model'])} on {html.escape(r['topology'])}</h2>")
-            if snapshot is None:
-                parts.append("<p>(the topology snapshot is not recorded; no pictures)</p>")
-            else:
-                topology = parse_topology(snapshot["snapshot"], source=r["topology"])
-                graph = load_op_graph(conn, plan["model"])
-                pictures = plan_pictures(graph, store.load_profiles(conn, plan["model"]), topology, plan)
-                parts.append(_image(pictures.heatmap, "placement heatmap") + _image(pictures.gantt, "timeline"))
-            parts.append(f"<pre>{html.escape(json.dumps(plan.get('lineage', {}), indent=1))}</pre>")
+        write_atomically(out_dir / "speedup.png", speedup_bars(rows))
+        parts.append("<figure><img src='speedup.png' alt='TAG speedup over DP-NCCL per model and topology'>"
+                     "<figcaption>Hover a model in the table for its full name; long names are shortened in the "
+                     "chart.</figcaption></figure>")
     parts += measured_section(store.load_measured_steps(conn))
     parts.append("</body></html>")
-    path = Path(out_dir) / "index.html"
+    path = out_dir / "index.html"
     write_atomically(path, "\n".join(parts))
     return path
+
+
+def _pictures(conn, row: dict) -> PlanPictures | None:
+    plan = row["plan"]
+    carried = (plan.get("topology_snapshot") or {}).get("snapshot")
+    snapshot = carried or (store.latest_topology_snapshot(conn, row["topology"]) or {}).get("snapshot")
+    if snapshot is None:
+        return None
+    topology = parse_topology(snapshot, source=row["topology"])
+    return plan_pictures(load_op_graph(conn, plan["model"]), store.load_profiles(conn, plan["model"]), topology, plan)
 
 
 def measured_section(measured: pd.DataFrame) -> list[str]:

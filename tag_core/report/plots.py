@@ -13,6 +13,8 @@ import numpy as np
 from tag_core.cluster.topology import Topology
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
+from .labels import short_label
+
 OPTION_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]  # allreduce, ps, duplicate, model_parallel
 
 
@@ -37,7 +39,8 @@ def markdown_image(png: bytes, alt: str) -> str:
 
 
 def placement_heatmap(strategy: Strategy, topology: Topology, title: str = "") -> bytes:
-    """Op groups (rows) × devices (columns), coloured by the group's option where it runs there."""
+    """Op groups (rows) × devices (columns), coloured by the group's option where it runs there; devices that
+    run no group share one column at the right."""
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
@@ -54,17 +57,25 @@ def placement_heatmap(strategy: Strategy, topology: Topology, title: str = "") -
                 if len(used):
                     grid[g] = np.nan
                     grid[g, used] = OPTIONS.index("model_parallel")
+    # Devices no group runs on fold into one empty column: a small model on 32 devices is a few columns wide.
+    used = np.flatnonzero(~np.isnan(grid).all(axis=0))
+    idle = topology.num_devices - len(used)
+    names = [f"{topology.machines[topology.devices[d].machine].name}:{topology.devices[d].local}" for d in used]
+    if idle:
+        grid = np.hstack([grid[:, used], np.full((strategy.num_groups, 1), np.nan)])
+        names.append(f"{idle} idle device{'s' * (idle != 1)}")
     height = min(12.0, 1.5 + 0.18 * strategy.num_groups)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * topology.num_devices + 2.5), height))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(names) + 2.5), height))
     ax.imshow(np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest",
               cmap=ListedColormap(OPTION_COLORS), vmin=-0.5, vmax=len(OPTIONS) - 0.5)
-    ax.set_xticks(range(topology.num_devices))
-    ax.set_xticklabels([f"{topology.machines[d.machine].name}:{d.local}" for d in topology.devices],
-                       rotation=90, fontsize=7)
+    if idle:
+        ax.axvspan(len(names) - 1.5, len(names) - 0.5, color="#f0f0f0", zorder=0)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=90, fontsize=7)
     step = max(1, strategy.num_groups // 30)
     ax.set_yticks(range(0, strategy.num_groups, step))
     ax.set_ylabel("op group (largest compute first)")
-    ax.set_title(title or "placement and option per op group")
+    ax.set_title(short_label(title, 60) if title else "placement and option per op group", fontsize=10)
     ax.legend(handles=[Patch(color=c, label=o) for o, c in zip(OPTIONS, OPTION_COLORS)],
               loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return _png(fig)
@@ -81,20 +92,22 @@ def gantt(result, graph, topology: Topology, title: str = "") -> bytes:
 
 
 def speedup_bars(rows: list[dict], title: str = "TAG speedup over DP-NCCL (simulated)") -> bytes:
-    """One bar per (model, topology): TAG's speedup over DP-NCCL."""
+    """One horizontal bar per (model, topology): TAG's speedup over DP-NCCL. Labels are wrapped and cut
+    (`short_label`) so long model names neither overlap nor squeeze the bars; the report's table has them whole."""
     plt = _pyplot()
-    labels = [f"{r['model']}\n{r['topology']}" for r in rows]
+    labels = [f"{short_label(r['model'], 30)}\n@ {short_label(r['topology'], 26, 1)}" for r in rows]
     values = [r["speedup_vs_dp_nccl"] or 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(rows) + 1.5), 3.8))
-    bars = ax.bar(range(len(rows)), values, color="#4C72B0")
-    ax.axhline(1.0, color="#444", linewidth=0.8, linestyle="--")
+    fig, ax = plt.subplots(figsize=(8.5, 0.62 * len(rows) + 1.4))
+    ys = np.arange(len(rows))[::-1]
+    bars = ax.barh(ys, values, color=["#4C72B0" if v >= 1 else "#C44E52" for v in values], height=0.6)
+    ax.axvline(1.0, color="#444", linewidth=0.8, linestyle="--")
     for bar, value in zip(bars, values):
-        ax.annotate(f"{value:.2f}×" if value else "DP OOM", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("speedup")
-    ax.set_title(title)
+        ax.annotate(f"{value:.2f}×" if value else "DP-NCCL out of memory", (bar.get_width(), bar.get_y() + 0.3),
+                    xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.set_xlim(0, max(values + [1.0]) * 1.25)
+    ax.set_xlabel("speedup over DP-NCCL")
+    ax.set_title(title, fontsize=10)
     return _png(fig)
 
 
