@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,55 @@ def reject_json_constant(token: str):
     raise ValueError(f"{token} is not valid JSON")
 
 
+# A lone surrogate can only come from a \\uD800-\\uDFFF escape: the text itself is strict UTF-8.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def surrogate_path(value: Any, where: str = "") -> str | None:
+    """The path of the first string (value or key) holding an unpaired UTF-16 surrogate, or None.
+
+    JSON's grammar allows "\\ud800" alone, but it is no Unicode text: printing it, or storing it in
+    DuckDB, raises UnicodeEncodeError far from where it came in."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _has_surrogate(item):
+                return path or "document"
+        elif isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and _has_surrogate(key):
+                    return f"{path}.{key!r}" if path else repr(key)
+            stack.extend(reversed([(v, f"{path}.{k}" if path else str(k)) for k, v in item.items()]))
+        elif isinstance(item, list):
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(item) if isinstance(v, (str, dict, list))]))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+UNPAIRED_SURROGATE = "has an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which is not Unicode text"
+
+
+def unpaired_surrogate(text: str, value: Any) -> str | None:
+    """The path of the first string in `value`, parsed from `text`, that holds an unpaired surrogate, or
+    None; the walk only runs when `text` has a surrogate escape at all."""
+    return None if _SURROGATE_ESCAPE.search(text) is None else surrogate_path(value)
+
+
 def read_json(path: str | Path, where: str) -> Any:
-    """A user's JSON file; unreadable, not UTF-8, not JSON (NaN included) or nested past Python's
-    recursion limit are TagInputErrors naming `where` and the file."""
+    """A user's JSON file; unreadable, not UTF-8, not JSON (NaN included), nested past Python's
+    recursion limit or holding an unpaired surrogate are TagInputErrors naming `where` and the file."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=reject_json_constant)
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text, parse_constant=reject_json_constant)
     except OSError as exc:
         raise TagInputError(where, f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -98,3 +142,7 @@ def read_json(path: str | Path, where: str) -> Any:
         raise TagInputError(where, f"{path} is not valid JSON: {exc}") from None
     except RecursionError:
         raise TagInputError(where, f"{path} is not valid JSON: nested too deeply") from None
+    field = unpaired_surrogate(text, value)
+    if field is not None:
+        raise TagInputError(where, f"{field}: {UNPAIRED_SURROGATE} (in {path})")
+    return value

@@ -341,11 +341,29 @@ JSON_WEIGHTS = [6, 3, 6, 8, 4, 2, 1, 3, 1, 2, 2, 1]
 SEMANTIC_WEIGHT = 25  # about half of all mutations keep the file valid
 
 
+# Edge values set alone, one per case, before the random cases: (path, value). "\ud800" is written as
+# JSON's escape, an unpaired surrogate that json.loads accepts.
+AIMED_TOPOLOGY = [(("name",), "x\ud800y"), (("machines", 0, "name"), "\udc00"), (("name",), "a\nb"),
+                  (("machines", 0, "gpu"), {"name": "\ud800", "tflops": 1, "mem_gb": 1, "mem_bw_gbps": 1}),
+                  (("machines", 0, "gpu"), {"name": "Tiny", "tflops": 1e-9, "mem_gb": 1e-9, "mem_bw_gbps": 1e-9}),
+                  (("machines", 0, "count"), 1024), (("inter_gbps",), 1e-9), (("machines", 0, "intra_gbps"), 1e7),
+                  (("machines", 1, "name"), "V100-BOX"), (("machines",), []), (("inter_gbps",), [[0]])]
+AIMED_PLAN = [(("strategy", "name"), "\ud800"), (("strategy", "extra", "machines", 0), "\ud800"),
+              (("model",), "\ud800"), (("topology",), "\udfff"), (("strategy", "sfb"), {"\ud800": [0]}),
+              (("strategy", "batch_shares", 0), 10**400), (("strategy", "batch_shares"), [1e308] * 16),
+              (("strategy", "batch_shares"), [1e-300] * 16), (("batch_size",), 2**31 - 1),
+              (("strategy", "fusion_bytes"), 2**62), (("strategy", "name"), "a\nb"), (("strategy", "version"), 2)]
+
+
 def mutate_json(value: Any, rng: random.Random, under: tuple | None = None,
-                semantic: Callable | None = None) -> tuple[bytes, list[str]]:
-    """1-3 mutations of `value` (mostly inside `under`, when given; `semantic` ones too), written out:
-    (bytes, what was done)."""
+                semantic: Callable | None = None, aimed: tuple[tuple, Any] | None = None) -> tuple[bytes, list[str]]:
+    """`aimed` (path, value) alone if given, else 1-3 mutations of `value` (mostly inside `under`, when
+    given; `semantic` ones too), written out: (bytes, what was done)."""
     doc = Document(copy.deepcopy(value))
+    if aimed is not None:
+        path, new = aimed
+        _set(doc, path, copy.deepcopy(new))
+        return json.dumps(doc.value).encode(), [f"set {path} = {str(new)[:40]!r}"]
     mutations, weights = JSON_MUTATIONS + [semantic] * bool(semantic), JSON_WEIGHTS + [SEMANTIC_WEIGHT] * bool(semantic)
     done = [rng.choices(mutations, weights)[0](doc, rng, under) for _ in range(rng.randint(1, 3))]
     return doc.dump(rng), done
@@ -568,19 +586,21 @@ def make_case(kind: str, index: int, rng: random.Random, folder: Path, db: Path,
     """Case `index` of `kind`: its mutated input written under `folder`, and the command that reads it."""
     out_dir = folder / "out"
     out_dir.mkdir(parents=True)
+    edges = AIMED if kind == "csv" else AIMED_TOPOLOGY if kind.startswith("topology") else AIMED_PLAN
+    aimed = edges[index] if index < len(edges) else None
     if kind in ("topology", "topology-simulate"):
         base = json.loads(rng.choice(sorted(EXAMPLES.glob("*.json"))).read_text())
-        data, done = mutate_json(base, rng, semantic=_topology_semantic)
+        data, done = mutate_json(base, rng, semantic=_topology_semantic, aimed=aimed)
     elif kind == "csv":
-        data, done = mutate_csv(csv_text, rng, AIMED[index] if index < len(AIMED) else None)
+        data, done = mutate_csv(csv_text, rng, aimed)
     else:
         bare = rng.random() < 0.2  # a bare strategy file instead of a plan that embeds one
-        data, done = mutate_json(plan["strategy"] if bare else plan, rng, None if bare else ("strategy",),
-                                 semantic=_plan_semantic)
+        data, done = mutate_json(plan if aimed or not bare else plan["strategy"], rng, None if bare else ("strategy",),
+                                 semantic=_plan_semantic, aimed=aimed)
     source = folder / ("input.csv" if kind == "csv" else "input.json")
     source.write_bytes(data)
     file, store = str(source), ["--db", str(db)]
-    json_out = rng.random() < 0.5
+    json_out = aimed is None and rng.random() < 0.5  # an edge value is printed as text: the harder output
     if kind == "topology":
         return Case(kind, index, ["topology", "validate", file] + ["--json"] * json_out, data, done, None, json_out)
     if kind == "topology-simulate":

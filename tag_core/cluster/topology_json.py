@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tag_core.errors import TagInputError
+from tag_core.files import UNPAIRED_SURROGATE, unpaired_surrogate
 
 from .fields import RANGES, bounded_number, describe, gpu_count, json_object, nonempty_string, require
 from .gpu_catalog import CATALOG_BY_LOWER, GpuType, lookup_gpu
@@ -174,6 +175,9 @@ def _decode(data: bytes | str, source: str) -> Any:
     if constants:  # Python's json takes NaN and Infinity, which are not JSON: say where the first one is
         where, token = _constant_path(parsed) or (source, constants[0])
         raise TagInputError(where, f"{token} is not valid JSON; give a finite number (in {source})")
+    where = unpaired_surrogate(text, parsed)  # a name that cannot be printed or stored
+    if where is not None:
+        raise TagInputError(where, f"{UNPAIRED_SURROGATE} (in {source})")
     return parsed
 
 
