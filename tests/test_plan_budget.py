@@ -27,7 +27,8 @@ def test_a_budget_spent_in_set_up_leaves_the_default_plan_and_one_sfb_candidate(
     g, topo, prof = _problem()
     p = plan(g, topo, prof, num_groups=4, budget=Budget(seconds=1e-9))
     assert p.tag.iterations == 1  # the seeded all-machines default, no search iteration
-    assert p.mcmc.iterations == 1  # MCMC scored its start and stopped
+    assert p.mcmc.iterations == p.mcmc.simulations == 0  # no time left: MCMC's start, scored by the search
+    assert p.baselines["mcmc"] == p.evaluator.score(p.start).time_s
     assert p.lineage["budget"] == {"seconds": 1e-9}
     assert p.sfb["applied_to"] == "search"  # the other eight candidates come after the deadline
     # Still a whole plan: its strategy simulates to the reported time.

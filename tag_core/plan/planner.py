@@ -253,10 +253,10 @@ def plan(
         tag = search.run(search_budget, progress=bar)
     tag.simulations += setup_sims
     mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
+    mcmc_budget = deadline.mcmc_budget(mcmc_simulations or max(ev.simulations, 1))
     with spinner("MCMC, the comparison search", show_progress):
-        mcmc = mcmc_search(mcmc_ev, np.full(groups.num_groups, default),
-                           deadline.mcmc_budget(mcmc_simulations or max(ev.simulations, 1)), dp.iteration_time_s,
-                           seed=seed)
+        mcmc = (_unmoved(ev, np.full(groups.num_groups, default)) if mcmc_budget.seconds == 0 else
+                mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed))
     chosen = tag.actions
     sfb_report = None
     strategy = ev.strategy(chosen)
@@ -297,6 +297,13 @@ def plan(
                                             "kernels_after": fusion.kernels_after},
         sfb=sfb_report, calibration=calibration, one_device=one_device,
     )
+
+
+def _unmoved(ev: Evaluator, start: np.ndarray) -> SearchResult:
+    """MCMC when the deadline left it no time: its start, which the search scored first (no simulation)."""
+    score = ev.score(start)
+    return SearchResult(start, score.time_s, score.oom, iterations=0, simulations=0, wall_s=0.0,
+                        first_better_than_dp_iteration=None)
 
 
 def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult) -> dict[str, Any] | None:
