@@ -4,8 +4,8 @@ A new or changed snapshot (by content hash) adds or keeps its `topology`
 partition and requests a `cluster_topology` run whose run key carries the
 hash; eager automation then re-plans every registered model on it. A deleted
 snapshot keeps its partition and history: a `cluster_topology` run marks it
-retired in DuckDB. The sensor itself never opens DuckDB (one writer per file:
-only runs in the `tag_duckdb` pool write).
+retired in DuckDB. The sensor itself never opens DuckDB (one process holds the
+file at a time: only runs write it, each in one short transaction).
 """
 
 import json

@@ -1,7 +1,10 @@
-"""`make demo`: register demo models and topology snapshots, then materialize the whole asset graph
-for every model × topology through Dagster's own CLI, and print the plan table and the report path.
+"""`make demo`: register demo models and topology snapshots, then materialize the whole asset graph for
+every model × topology in this one process's workers (one Dagster run per partition, tagged with one demo
+id; see tag_pipelines.demo_runs), printing each stage as it starts and ends, then the plan table, the
+report's path and the command that opens the UI on the same instance.
 
     python -m tag_pipelines.demo [--models mlp,small_cnn,...] [--full] [--topologies 'examples/topologies/*.json']
+                                 [--workers N] [--executor in_process|multiprocess]
 """
 
 from __future__ import annotations
@@ -10,48 +13,38 @@ import argparse
 import glob
 import json
 import os
+import shlex
 import shutil
-import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
-from dagster import DagsterInstance, MultiPartitionKey
+from dagster import DagsterInstance
 
 from tag_core import store
-from tag_core.capture import BENCHMARK_MODELS, load_registry, registry_path
+from tag_core.capture import BENCHMARK_MODELS, load_registry, registry_path, split_models
 from tag_core.cluster import topology_directory
 from tag_core.files import write_atomically
 from tag_core.report import build_report, format_table, plan_table_rows
+from tag_pipelines.demo_runs import DEMO_TAG, run_all
 from tag_pipelines.devserver import ROOT, prepare_dagster_home
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
 
 DEMO_MODELS = ["mlp", "small_cnn", "transformer[layers=1,d_model=128,heads=4,ff=256,vocab=1000,seq_len=16]"]
 # The demo skips fusion's four-mode step timing (`tag fuse MODEL --measure` does it).
 DEMO_CONFIG = {"fusion_plan": {"measure": False}}
+# Partitions run side by side, one per core by default: each run is mostly one busy core.
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 
 
-def stages(partitions_def) -> list[str]:
+def stages(partitions_def) -> tuple[str, ...]:
     """Every asset with these partitions, upstream stages first."""
     from tag_pipelines.definitions import defs
 
     graph = defs.resolve_asset_graph()
     keys = [spec.key for spec in defs.resolve_all_asset_specs() if spec.partitions_def == partitions_def]
-    ordered = [key for key in graph.toposorted_asset_keys if key in keys]
-    return [key.to_user_string() for key in ordered]
-
-
-def materialize(select: list[str], partition: str, env: dict) -> None:
-    dagster = Path(sys.executable).with_name("dagster")
-    config = {"ops": {op: {"config": c} for op, c in DEMO_CONFIG.items() if op in select}}
-    command = [str(dagster), "asset", "materialize", "-m", "tag_pipelines.definitions", "--select", ",".join(select),
-               "--partition", partition, "--config-json", json.dumps(config)]
-    started = time.monotonic()
-    print(f"  materialize {','.join(select)} [{partition}] ...", flush=True)
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"dagster asset materialize failed for {select} [{partition}]:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    print(f"    done in {time.monotonic() - started:.0f} s", flush=True)
+    return tuple(key.to_user_string() for key in graph.toposorted_asset_keys if key in keys)
 
 
 def register_models(models: list[str]) -> None:
@@ -66,15 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help=f"comma-separated model references (default: {','.join(DEMO_MODELS)})")
     parser.add_argument("--full", action="store_true", help="the six benchmark models (slow on a CPU)")
     parser.add_argument("--topologies", default=str(ROOT / "examples" / "topologies" / "*.json"))
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help=f"partitions materialized at once (default: {DEFAULT_WORKERS}, the cores up to 4)")
+    parser.add_argument("--executor", choices=["in_process", "multiprocess"], default="in_process",
+                        help="each run's executor (multiprocess starts a process per stage: slower here)")
     args = parser.parse_args(argv)
-    models = BENCHMARK_MODELS if args.full else (args.models.split(",") if args.models else DEMO_MODELS)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    models = BENCHMARK_MODELS if args.full else (split_models(args.models) if args.models else DEMO_MODELS)
     started = time.monotonic()
 
-    env = dict(os.environ)
-    env.setdefault("DAGSTER_HOME", str((ROOT / ".dagster_home").resolve()))
-    env["TAG_HOME"] = str(store.tag_home().resolve())
-    os.environ.update(DAGSTER_HOME=env["DAGSTER_HOME"], TAG_HOME=env["TAG_HOME"])
-    prepare_dagster_home(Path(env["DAGSTER_HOME"]))
+    os.environ.setdefault("DAGSTER_HOME", str((ROOT / ".dagster_home").resolve()))
+    os.environ["TAG_HOME"] = str(store.tag_home().resolve())
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
 
     register_models(models)
     watched = topology_directory()
@@ -91,23 +89,33 @@ def main(argv: list[str] | None = None) -> int:
     instance = DagsterInstance.get()
     instance.add_dynamic_partitions(model_partitions.name, models)
     instance.add_dynamic_partitions(topology_partitions.name, topologies)
-    print(f"models: {', '.join(models)}\ntopologies: {', '.join(topologies)} (copied into {watched})")
-    for model in models:
-        materialize(stages(model_partitions), model, env)
-    for topology in topologies:
-        materialize(stages(topology_partitions), topology, env)
-    pair = stages(model_topology_partitions)
-    for model in models:
-        for topology in topologies:
-            materialize(pair, str(MultiPartitionKey({"model": model, "topology": topology})), env)
+    demo_id = uuid.uuid4().hex[:12]
+    plan = {"model": stages(model_partitions), "topology": stages(topology_partitions),
+            "pair": stages(model_topology_partitions)}
+    runs = len(models) + len(topologies) + len(models) * len(topologies)
+    print(f"models: {', '.join(models)}\ntopologies: {', '.join(topologies)} (copied into {watched})\n"
+          f"{runs} runs (one per partition), {args.workers} at a time, {args.executor} executor; "
+          f"tag {DEMO_TAG}={demo_id}", flush=True)
+    results = run_all(models, topologies, plan, demo_id, DEMO_CONFIG, args.workers, args.executor)
+    failed = [(work, run_id, why) for work, run_id, ok, why in results if not ok]
 
     with store.connect(read_only=True) as conn:
         rows = [r for r in plan_table_rows(store.current_plans(conn)) if r["model"] in models and r["topology"] in topologies]
         report = build_report(conn, store.tag_home() / "report")
     print("\n" + format_table(rows))
     print(f"\nHTML report: {report.resolve()}")
+    print(f"runs and lineage in the UI (runs tagged {DEMO_TAG}={demo_id}):\n  {ui_command()}")
+    for work, run_id, why in failed:
+        print(f"FAILED {','.join(work.stages)} [{work.partition}]: {why}" + (f" (run {run_id})" if run_id else ""))
     print(f"demo finished in {time.monotonic() - started:.0f} s")
-    return 0
+    return 1 if failed else 0
+
+
+def ui_command() -> str:
+    """`dagster dev` on this instance and store, runnable from the checkout."""
+    names = ("DAGSTER_HOME", "TAG_HOME", "TAG_TOPOLOGY_DIR", "TAG_MODELS_FILE", "TAG_CALIBRATION_DIR", "TAG_ENV")
+    env = " ".join(f"{name}={shlex.quote(os.environ[name])}" for name in names if name in os.environ)
+    return f"cd {shlex.quote(str(ROOT))} && {env} .venv/bin/dagster dev -w workspace.yaml"
 
 
 if __name__ == "__main__":

@@ -31,12 +31,6 @@ from pydantic import Field
 from tag_core import store
 from tag_core.errors import TagInputError
 
-# DuckDB allows one writer per file, across processes: every asset that writes
-# the store runs in this pool. Give it a limit of 1 in the instance's
-# dagster.yaml (`concurrency: pools: default_limit: 1`) or with
-# `dagster instance concurrency set tag_duckdb 1`; a pool without a limit is unlimited.
-DUCKDB_POOL = "tag_duckdb"
-
 # The environment variable that picks the resources (see RESOURCES_BY_ENV), and its default.
 ENV_VAR = "TAG_ENV"
 DEFAULT_ENV = "local"
@@ -93,15 +87,29 @@ def build_resources(database: str | Path | None = None, env: str | None = None) 
 
 @contextlib.contextmanager
 def open_store(resource: DuckDBResource) -> Iterator[duckdb_lib.DuckDBPyConnection]:
-    """A writable connection with TAG's schema in place.
+    """A writable connection with TAG's schema in place, for one short read or one write.
 
-    DuckDBResource.get_connection only closes on success; closing here on
-    failure too releases the file lock at once instead of at garbage collection.
+    DuckDB lets one process at a time hold the file, so this connection is the write lock: it opens
+    through `tag_core.store.connect`, which waits with backoff while another process holds the file
+    (up to TAG_STORE_WAIT_S, default 60 s) and then raises StoreBusy naming the holder's pid, the
+    same bounded wait as every `tag` command. Callers compute before or after, never inside.
+    It closes on failure too, which releases the file at once instead of at garbage collection.
     """
-    Path(resource.database).parent.mkdir(parents=True, exist_ok=True)
-    with resource.get_connection() as conn:
-        try:
-            store.ensure_schema(conn)
-            yield conn
-        finally:
-            conn.close()
+    conn = store.connect(resource.database)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def scratch_store() -> Iterator[duckdb_lib.DuckDBPyConnection]:
+    """A private in-memory store with TAG's schema: tag_core steps that write as they go (capture,
+    profile) write here during their minutes of work, and the asset copies the rows into the shared
+    store afterwards in one short transaction."""
+    conn = duckdb_lib.connect(":memory:", config=store.CONNECT_CONFIG)
+    try:
+        store.ensure_schema(conn)
+        yield conn
+    finally:
+        conn.close()

@@ -18,7 +18,7 @@ from tag_core.capture import resolve_model
 from tag_core.errors import TagInputError
 from tag_pipelines.definitions import defs
 from tag_pipelines.partitions import model_partitions, model_topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, ProfilingSettings, build_resources
+from tag_pipelines.resources import ProfilingSettings, build_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "mlp[features=16,hidden=8]"
@@ -94,8 +94,8 @@ def test_definitions_wiring() -> None:
         assets_def = defs.resolve_assets_def(key)
         assert assets_def.partitions_def == model_partitions
         assert assets_def.group_names_by_key[assets_def.key] == group
-        # Both write DuckDB, which takes one writer per file: one pool serialises them.
-        assert assets_def.op.pool == DUCKDB_POOL
+        # No pool: computing never holds the store, and each write waits for the file (open_store).
+        assert assets_def.op.pool is None
     assert graph.get(op_profiles.key).parent_keys == {training_graph.key}
     assert set(defs.resources) >= {"duckdb", "profiling"}
     assert model_topology_partitions.partition_dimension_names == ["model", "topology"]

@@ -7,16 +7,15 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 from dagster_duckdb import DuckDBResource
 
 from tag_core import store
-from tag_core.capture import capture_model, resolve_model
+from tag_core.capture import capture_model, resolve_model, save_op_graph
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store, scratch_store
 
 
 @asset(
     partitions_def=model_partitions,
     group_name="capture",
-    pool=DUCKDB_POOL,
     kinds={"tensorflow", "duckdb"},
 )
 def training_graph(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
@@ -24,9 +23,11 @@ def training_graph(context: AssetExecutionContext, duckdb: DuckDBResource) -> Ma
     `ops`/`edges` tables, plus its GraphDef file under $TAG_HOME/captures."""
     with input_errors_as_failures():
         spec = resolve_model(context.partition_key)
-        with open_store(duckdb) as conn:
-            graph = capture_model(conn, spec)
-            record = store.captured_model(conn, spec.name)
+        with scratch_store() as scratch:  # trace without the shared store: minutes for a large model
+            graph = capture_model(scratch, spec)
+            record = store.captured_model(scratch, spec.name)
+        with open_store(duckdb) as conn:  # then one short transaction
+            save_op_graph(conn, graph, record["source_hash"], record["graph_file"], record["step_file"])
     summary = graph.summary()
     return MaterializeResult(
         metadata={

@@ -13,12 +13,12 @@ from tag_core.cluster import load_topology, topology_directory
 from tag_core.errors import TagInputError
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 _SNAPSHOT_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-@asset(partitions_def=topology_partitions, group_name="plan", pool=DUCKDB_POOL, kinds={"duckdb"})
+@asset(partitions_def=topology_partitions, group_name="plan", kinds={"duckdb"})
 def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
     """The validated snapshot `$TAG_TOPOLOGY_DIR/<key>.json` (default ./topologies), recorded in DuckDB."""
     with input_errors_as_failures():

@@ -15,13 +15,12 @@ from tag_core.simulate import CommModel
 from tag_core.simulate.comm import comm_for
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 from .assets import cluster_topology
 
 
-@asset(partitions_def=topology_partitions, deps=[cluster_topology], group_name="plan", pool=DUCKDB_POOL,
-       kinds={"duckdb"})
+@asset(partitions_def=topology_partitions, deps=[cluster_topology], group_name="plan", kinds={"duckdb"})
 def calibration(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
     """`$TAG_CALIBRATION_DIR/<key>.json` (default ./calibrations, as `tag calibrate --export` writes it) when
     there is one, stored; then the newest calibration of this very snapshot, which plans apply. Without one

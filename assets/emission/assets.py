@@ -24,7 +24,7 @@ from tag_core.emit import emit_folder
 from tag_core.errors import TagInputError
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 from ..planning import deployment_plan
 from .checks import GRAPH_CHECK, graph_check
@@ -49,7 +49,6 @@ def graph_folder(model: str, topology: str):
     deps=[deployment_plan],
     check_specs=[GRAPH_CHECK],
     group_name="emit",
-    pool=DUCKDB_POOL,
     kinds={"tensorflow"},
 )
 def distributed_graph(context: AssetExecutionContext, duckdb: DuckDBResource, config: EmitConfig) -> MaterializeResult:

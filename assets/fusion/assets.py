@@ -16,7 +16,7 @@ from tag_core.cluster import lookup_gpu
 from tag_core.fusion import fuse_model
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 from ..capture import training_graph
 
@@ -30,8 +30,7 @@ class FusionConfig(Config):
                                                     "library calls inside XLA programs).")
 
 
-@asset(partitions_def=model_partitions, deps=[training_graph], group_name="fusion", pool=DUCKDB_POOL,
-       kinds={"tensorflow", "duckdb"})
+@asset(partitions_def=model_partitions, deps=[training_graph], group_name="fusion", kinds={"tensorflow", "duckdb"})
 def fusion_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: FusionConfig) -> MaterializeResult:
     """Fused patterns of memory-intensive ops; plans made after it see fused costs."""
     with input_errors_as_failures():

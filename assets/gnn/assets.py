@@ -29,7 +29,7 @@ from tag_core.capture import BENCHMARK_MODELS, load_op_graph, resolve_model
 from tag_core.errors import TagInputError
 from tag_core.report import markdown_image
 from tag_pipelines.errors import input_errors_as_failures
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 
 class GnnTrainConfig(Config):
@@ -43,7 +43,7 @@ class GnnTrainConfig(Config):
     fine_tune: bool = Field(default=True, description="Continue from the previous checkpoint when there is one.")
 
 
-@asset(group_name="plan", pool=DUCKDB_POOL, kinds={"pytorch"},
+@asset(group_name="plan", kinds={"pytorch"},
        automation_condition=AutomationCondition.any_deps_updated())
 def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, config: GnnTrainConfig) -> MaterializeResult:
     """GNN weights ($TAG_HOME/gnn/checkpoint.pt) trained AlphaZero-style on MCTS visit counts, with its curve."""

@@ -30,7 +30,7 @@ from tag_core.runtime.measure import SPREAD, MeasureFailed, measure_folder, unme
 from tag_core.simulate.comm import comm_for
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 from ..planning import deployment_plan
 from .checks import STEP_CHECK, step_check
@@ -53,7 +53,6 @@ def measured_folder(model: str, topology: str):
     deps=[deployment_plan],
     check_specs=[STEP_CHECK],
     group_name="measure",
-    pool=DUCKDB_POOL,
     kinds={"tensorflow", "duckdb"},
 )
 def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config: MeasureConfig) -> MaterializeResult:

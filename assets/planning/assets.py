@@ -30,7 +30,7 @@ from tag_core.search import DEFAULT_GROUPS, Budget, OpGroups
 from tag_core.simulate.comm import comm_for
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions, model_topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 from ..capture import training_graph
 from ..cluster import calibration, cluster_topology
@@ -57,7 +57,6 @@ class PlanConfig(Config):
     partitions_def=model_partitions,
     deps=[training_graph, op_profiles],
     group_name="plan",
-    pool=DUCKDB_POOL,
     kinds={"duckdb"},
 )
 def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: GroupsConfig) -> MaterializeResult:
@@ -66,7 +65,9 @@ def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: Gr
         spec = resolve_model(context.partition_key)
         with open_store(duckdb) as conn:
             graph = load_op_graph(conn, spec.name)
-            groups = make_groups(graph, store.load_profiles(conn, spec.name), config.groups, config.seed)
+            profiles = store.load_profiles(conn, spec.name)
+        groups = make_groups(graph, profiles, config.groups, config.seed)
+        with open_store(duckdb) as conn:
             store.save_op_groups(conn, spec.name, graph.content_hash(), groups.to_json(), groups.content_hash())
     top = "\n".join(f"| {g} | {len(groups.members(g))} | {groups.group_time_us[g]:.0f} |"
                     for g in range(min(10, groups.num_groups)))
@@ -86,7 +87,6 @@ def op_groups(context: AssetExecutionContext, duckdb: DuckDBResource, config: Gr
     deps=[op_groups, cluster_topology, calibration, op_profiles],
     check_specs=PLAN_CHECKS,
     group_name="plan",
-    pool=DUCKDB_POOL,
     kinds={"duckdb"},
 )
 def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, config: PlanConfig) -> MaterializeResult:

@@ -14,13 +14,12 @@ from tag_core.capture import resolve_model
 from tag_core.errors import TagInputError
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_topology_partitions
-from tag_pipelines.resources import DUCKDB_POOL, open_store
+from tag_pipelines.resources import open_store
 
 from ..planning import deployment_plan
 
 
-@asset(partitions_def=model_topology_partitions, deps=[deployment_plan], group_name="plan", pool=DUCKDB_POOL,
-       kinds={"duckdb"})
+@asset(partitions_def=model_topology_partitions, deps=[deployment_plan], group_name="plan", kinds={"duckdb"})
 def sfb_decisions(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
     """The latest plan's SFB gradients, the op types they duplicate and the saving each brings (`sfb_decisions`)."""
     keys = context.partition_key.keys_by_dimension
