@@ -1,4 +1,4 @@
-"""`tag report [--out DIR]`: an HTML report of every current plan."""
+"""`tag report [--out DIR]`: an HTML report of every current plan: an index and one page per model × topology."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from ._common import open_store
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("report", help="write an HTML report of all current plans")
-    parser.add_argument("--out", help="folder for index.html (default: $TAG_HOME/report)")
+    parser.add_argument("--out", help="folder for index.html, speedup.png and plans/ (default: $TAG_HOME/report)")
     parser.set_defaults(run=run)
 
 

@@ -14,8 +14,8 @@ STYLE = (
     "body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}"
     "h1{font-size:1.5em;overflow-wrap:anywhere}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}"
     "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;"
-    "vertical-align:top}th{background:#f4f4f4}td.name,th.name{text-align:left;max-width:22em;overflow-wrap:anywhere}"
-    "table.facts td{text-align:left;overflow-wrap:anywhere;max-width:60em}table.facts td:first-child{color:#555;"
+    "vertical-align:top;white-space:nowrap}th{background:#f4f4f4}td.name,th.name{text-align:left}"
+    "table.facts td{text-align:left;white-space:normal;overflow-wrap:anywhere;max-width:40em}table.facts td:first-child{color:#555;"
     "white-space:nowrap}figure{margin:1em 0}figcaption{color:#555;font-size:.9em}"
     "img{max-width:100%;border:1px solid #eee}nav{font-size:.9em;margin-bottom:1em}code{font-size:.92em}"
     ".grid{display:grid;grid-template-columns:1fr 1fr;gap:1em}@media(max-width:900px){.grid{grid-template-columns:1fr}}"
@@ -80,11 +80,13 @@ def plan_page(facts: PageFacts, images: dict[str, str], index_href: str = "../in
         parts.append(f"<p>{html.escape(facts.missing)}</p>")
     order = [("speedup", "Against every baseline"), ("memory", "Memory per device"),
              ("heatmap", "Placement"), ("gantt", "Simulated iteration")]
-    for name, heading in order:
-        if name in images:
-            parts.append(f"<h2>{heading}</h2><figure><img src='{html.escape(images[name])}' "
-                         f"alt='{html.escape(f'{heading}: {title}')}' title='{html.escape(title)}'>"
-                         f"<figcaption>{html.escape(CAPTIONS[name])}</figcaption></figure>")
+    figures = [(heading, f"<figure><img src='{html.escape(images[name])}' alt='{html.escape(f'{heading}: {title}')}' "
+                         f"title='{html.escape(title)}'><figcaption>{html.escape(CAPTIONS[name])}</figcaption></figure>")
+               for name, heading in order if name in images]
+    if len(figures) == len(order):  # the two small charts side by side, the wide ones below
+        parts.append("<div class='grid'>" + "".join(f"<div><h2>{h}</h2>{f}</div>" for h, f in figures[:2]) + "</div>")
+        figures = figures[2:]
+    parts += [f"<h2>{h}</h2>{f}" for h, f in figures]
     parts += lineage_section(facts)
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -38,6 +38,6 @@ def plan_pictures(graph, profiles, topology: Topology, plan: dict) -> PlanPictur
     return PlanPictures(
         heatmap=placement_heatmap(strategy, topology, f"{name}: placement and option per op group"),
         gantt=folded_gantt(result, graph, topology, f"{name}: {ms:.2f} ms per iteration"),
-        speedup=baseline_bars(plan, f"{name}: TAG against every baseline"),
-        memory=memory_chart(result, topology, f"{name}: peak memory per device"),
+        speedup=baseline_bars(plan, f"{short_label(plan['model'], 40, 1)}: TAG against every baseline"),
+        memory=memory_chart(result, topology, f"{short_label(plan['model'], 40, 1)}: peak memory per device"),
     )

@@ -100,7 +100,7 @@ def baseline_bars(plan: dict, title: str = "") -> bytes:
     tag_s = plan["tag"]["iteration_time_s"]
     ideal_s = plan.get("ideal_time_s")
     names = [n for n in BASELINE_NAMES if n in plan["baselines"]]
-    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(names) + 1.5))
+    fig, ax = plt.subplots(figsize=(6.0, 0.5 * len(names) + 1.4))
     values: list[float] = []
     labelled: set[str] = set()  # each legend entry once
     for i, name in enumerate(names):
@@ -123,12 +123,12 @@ def baseline_bars(plan: dict, title: str = "") -> bytes:
                     fontsize=8, fontweight="bold")
     ax.set_xscale("log")
     low, high = min(values + [1.0]), max(values + [1.0])
-    ax.set_xlim(min(0.8, low / 1.3), high * 2.2)
+    ax.set_xlim(min(0.8, low / 1.3), high * 6)  # room for the bound's label
     ax.axvline(1.0, color="#444", linewidth=0.8, linestyle="--")
     ax.set_yticks(range(len(names)), [BASELINE_NAMES[n] for n in reversed(names)], fontsize=9)
-    ax.set_xlabel("speedup of TAG over the baseline (simulated iteration; log scale)")
+    ax.set_xlabel("TAG's speedup over the baseline (log scale)")
     ax.set_title(title or "TAG against every baseline", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
@@ -141,23 +141,23 @@ def memory_chart(result: SimResult, topology: Topology, title: str = "") -> byte
     peak = np.asarray(result.peak_memory_bytes, dtype=float)[used] / 1e9
     capacity = np.asarray(result.memory_capacity_bytes, dtype=float)[used] / 1e9
     if len(idle):
-        labels.append(folded_summary(topology, idle).replace("\n", " "))
+        labels.append(folded_summary(topology, idle))
         peak = np.append(peak, 0.0)
         capacity = np.append(capacity, np.asarray(result.memory_capacity_bytes, dtype=float)[idle].max() / 1e9)
     ys = np.arange(len(labels))[::-1]
-    fig, ax = plt.subplots(figsize=(8.5, 0.34 * len(labels) + 1.5))
+    fig, ax = plt.subplots(figsize=(6.0, 0.4 * len(labels) + 1.4))
     ax.barh(ys, capacity, color="#e6e6e6", height=0.75, label="capacity")
     over = peak > capacity
     ax.barh(ys, peak, color=np.where(over, "#C44E52", "#55A868"), height=0.45, label="peak in the iteration")
     for y, p, c in zip(ys, peak, capacity):
-        ax.annotate(f"{_size(p * 1e9)} of {_size(c * 1e9)} ({p / c:.1%})" if c else _size(p * 1e9), (max(p, c), y),
-                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=7,
+        ax.annotate(f"{_size(p * 1e9)} of {_size(c * 1e9)} ({_share(p, c)})" if c else _size(p * 1e9), (max(p, c), y),
+                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=8,
                     color="#C44E52" if p > c else "#333")
-    ax.set_yticks(ys, labels, fontsize=7)
-    ax.set_xlim(0, max(capacity.max(initial=0), peak.max(initial=0)) * 1.45 or 1)
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xlim(0, max(capacity.max(initial=0), peak.max(initial=0)) * 1.6 or 1)
     ax.set_xlabel("GB")
     ax.set_title(title or "memory per device against its capacity", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
@@ -166,6 +166,11 @@ def _once(seen: set[str], label: str) -> str | None:
         return None
     seen.add(label)
     return label
+
+
+def _share(part: float, whole: float) -> str:
+    share = part / whole
+    return "under 0.1%" if 0 < share < 0.001 else f"{share:.1%}"
 
 
 def _size(n: float) -> str:
