@@ -95,7 +95,10 @@ def open_store(resource: DuckDBResource) -> Iterator[duckdb_lib.DuckDBPyConnecti
     same bounded wait as every `tag` command. Callers compute before or after, never inside.
     It closes on failure too, which releases the file at once instead of at garbage collection.
     """
-    conn = store.connect(resource.database)
+    try:
+        conn = store.connect(resource.database)
+    except store.StoreBusy as busy:  # connect names its --db option; here the file is the duckdb resource's
+        raise store.StoreBusy("duckdb resource", busy.problem) from None
     try:
         yield conn
     finally:
