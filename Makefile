@@ -27,8 +27,9 @@ test: install
 test-fast: install
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
-# The main job: demo models x examples/topologies through Dagster's CLI, then the plan table and report.
-# DEMO_ARGS=--full plans the six benchmark models instead (slow on a CPU).
+# The main job: demo models x examples/topologies, one Dagster run per partition, two at a time in two
+# worker processes, with progress; then the plan table, the report and the command that opens the UI.
+# DEMO_ARGS=--full plans the six benchmark models instead (slow on a CPU); DEMO_ARGS="--workers 1" one at a time.
 DEMO_ARGS ?=
 demo: install
 	$(PY) -m tag_pipelines.demo $(DEMO_ARGS)

@@ -134,3 +134,43 @@ def test_definitions_validate() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "passed validation" in done.stdout + done.stderr
+
+
+def test_demo_runs_a_partition_in_process_and_reports_its_stages(
+    tag_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The demo's worker step (one run of one partition through the code location's asset job) and its
+    progress, read back from the instance's event log; a topology partition keeps it free of TensorFlow."""
+    import json
+    import uuid
+
+    from tag_core.cluster import load_topology
+    from tag_pipelines.demo import stages
+    from tag_pipelines.demo_runs import DEMO_TAG, Progress, Work, execute, pair_work
+    from tag_pipelines.partitions import topology_partitions
+
+    topologies = tmp_path / "topologies"
+    topologies.mkdir()
+    (topologies / "pair.json").write_text(json.dumps(
+        {"name": "pair", "inter_gbps": 10, "machines": [{"name": "a", "gpu": "T4", "count": 2, "intra_gbps": 50}]}))
+    monkeypatch.setenv("TAG_TOPOLOGY_DIR", str(topologies))
+    assert stages(topology_partitions) == ("cluster_topology", "calibration")
+    assert pair_work("mlp", "pair", ()).tags("x") == {
+        DEMO_TAG: "x", "dagster/partition": "mlp|pair", "dagster/partition/model": "mlp",
+        "dagster/partition/topology": "pair"}
+
+    demo_id = uuid.uuid4().hex[:12]
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions(topology_partitions.name, ["pair"])
+        run_id, ok, why = execute(Work("topology", "pair", stages(topology_partitions)), demo_id, {}, "in_process")
+        assert (ok, why) == (True, "")
+        run = instance.get_run_by_id(run_id)
+        assert run.tags[DEMO_TAG] == demo_id and run.tags["dagster/partition"] == "pair"
+        Progress(instance, demo_id).poll()
+    printed = capsys.readouterr().out
+    for stage in ("cluster_topology", "calibration"):
+        assert f"start  {stage} [pair]" in printed and f"done   {stage} [pair] in " in printed
+    # The run loaded the code location this process already imported: its store is where defs points.
+    with store.connect(defs.resources["duckdb"].database, read_only=True) as conn:
+        stored = store.latest_topology_snapshot(conn, "pair")
+    assert stored["content_hash"] == load_topology(topologies / "pair.json").content_hash()
