@@ -3,12 +3,15 @@ profile CSV, each fed to the command that reads it, in this process (one subproc
 seconds of imports). Every case must
 
 - exit 0 or 2, never raise (an uncaught exception is a traceback for the user);
-- on exit 2, print exactly one `tag: error: ...` line (notes and warnings aside) and leave the store's
-  tables as they were; on exit 0, print no error and valid JSON for --json;
-- leave nothing half-written: the --out file or folder absent or complete, no temporary files;
+- on exit 2, print exactly one `tag: error: ...` line, the last on stderr (notes and progress may come
+  before it), and leave the store's tables as they were; on exit 0, print no error and valid JSON for --json;
+- leave nothing half-written: the --out file or folder absent or complete, no temporary files beside it or
+  the store;
 - finish within CASE_SECONDS.
 
-Case `i` of kind `k` draws from `random.Random(f"{SEED}-{k}-{i}")`, so any case reruns alone. A failing
+Each kind's first cases set one edge value alone (AIMED_*: an unpaired surrogate, a share past float's
+range, a zoned timestamp, ...); the rest stack 1-3 random mutations. Case `i` of kind `k` draws from
+`random.Random(f"{SEED}-{k}-{i}")`, so any case reruns alone; TAG_FUZZ_SEED picks another seed. A failing
 case's input and command line are written to tmp_path/failures/.
 """
 
@@ -654,6 +657,7 @@ def test_mutated_inputs_exit_cleanly(kind, planned, tmp_path, capsys):
         changed = sorted(t for t in after if after[t] != digest.get(t))
         if code != 0 and changed:
             problems.append(f"exit {code} but the store's tables changed: {', '.join(changed)}")
+        problems += [f"left {p.name} beside the store" for p in db.parent.iterdir() if p.name.endswith(".tmp")]
         digest = after
         exits[code] += 1
         slowest, warned = max(slowest, seconds), warned + bool(caught)
