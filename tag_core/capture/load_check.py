@@ -1,5 +1,5 @@
-"""`python -m tag_core.capture.load_check REFERENCE SECONDS`: import a user's model file and call its function
-in a process of its own, under the model timeout.
+"""Import a user's model file and call its function in a process of its own (`load_child.py`), under the
+model timeout.
 
 A thread other than the main one cannot interrupt code (time_limit.py): there `resolve_model` runs this
 check first, and kills the child when even its own limits did not stop it (a hang in C code).
@@ -30,7 +30,7 @@ def load_in_child(reference: str, seconds: float) -> None:
     from .time_limit import LONGEST_S
 
     backstop = min(2 * seconds + CHILD_START_S, LONGEST_S)
-    command = [sys.executable, "-m", "tag_core.capture.load_check", reference, repr(seconds)]
+    command = [sys.executable, "-m", "tag_core.capture.load_child", reference, repr(seconds)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=backstop)
     except subprocess.TimeoutExpired:  # run() killed it
@@ -41,21 +41,3 @@ def load_in_child(reference: str, seconds: float) -> None:
         if error is not None:
             raise error
         raise RuntimeError(f"loading {reference} in a child process failed:\n{result.stderr[-3000:]}")
-
-
-def main(argv: list[str]) -> int:
-    from .models import resolve_model
-
-    if len(argv) != 2:
-        print("usage: python -m tag_core.capture.load_check REFERENCE SECONDS", file=sys.stderr)
-        return 2
-    try:
-        resolve_model(argv[0], timeout=float(argv[1]))
-    except TagInputError as exc:
-        print(f"tag: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
