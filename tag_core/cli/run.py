@@ -67,16 +67,15 @@ def _summary(result) -> dict:
 
 
 def _measure(args, plan: dict) -> int:
-    from tag_core.runtime.measure import measured_step_row, relative_error, save_measured_step, step_timing
-    from tag_core.runtime.supervisor import run_emitted
+    from tag_core.runtime.measure import measure_emitted, measured_step_row, relative_error, save_measured_step
 
     from ._common import open_store
 
     open_store(args).close()  # a store that cannot be opened fails now, not after the run
     steps, warmup = args.steps or MEASURED_STEPS, WARMUP if args.warmup is None else args.warmup
-    result = run_emitted(args.dir, steps=steps, warmup=warmup, timeout=args.timeout, cluster=args.cluster,
-                         task_index=args.task_index, servers=args.servers, echo=None if args.json else print)
-    timing = step_timing(result) if result.ok else None
+    result, timing = measure_emitted(args.dir, steps=steps, warmup=warmup, timeout=args.timeout, servers=args.servers,
+                                     echo=None if args.json else print, cluster=args.cluster,
+                                     task_index=args.task_index)
     if timing is None:
         if args.json:
             print_json({**_summary(result), "measurement": None})

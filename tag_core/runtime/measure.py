@@ -64,11 +64,14 @@ def step_timing(run) -> StepTiming | None:
 
 
 def measure_emitted(folder: str | Path, steps: int, warmup: int, timeout: float = 600.0, servers: str = "auto",
-                    echo: Callable[[str], None] | None = None):
-    """Run `warmup` untimed and `steps` timed steps of an emission folder: (RunResult, StepTiming or None)."""
+                    echo: Callable[[str], None] | None = None, cluster: str | None = None,
+                    task_index: int = 0):
+    """Run `warmup` untimed and `steps` timed steps of an emission folder (on local servers, or as one task of
+    `cluster`): (RunResult, StepTiming or None)."""
     from .supervisor import run_emitted
 
-    result = run_emitted(folder, steps=steps, warmup=warmup, timeout=timeout, servers=servers, echo=echo)
+    result = run_emitted(folder, steps=steps, warmup=warmup, timeout=timeout, servers=servers, echo=echo,
+                         cluster=cluster, task_index=task_index)
     return result, step_timing(result) if result.ok else None
 
 
