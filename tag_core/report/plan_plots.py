@@ -9,7 +9,7 @@ import numpy as np
 from tag_core.cluster.topology import Topology
 from tag_core.simulate.expand import KINDS
 from tag_core.simulate.result import SimResult
-from tag_core.simulate.timeline import COMM_COLORS, PHASE_COLORS, _merge, op_phases
+from tag_core.simulate.timeline import COMM_COLORS, PHASE_COLORS, draw_device, op_phases
 
 from .labels import short_label
 from .plots import _png, _pyplot
@@ -60,16 +60,7 @@ def folded_gantt(result: SimResult, graph, topology: Topology, title: str = "") 
     ticks: list[tuple[float, str]] = []
     for i, d in enumerate(drawn):
         y = 2 * (rows - 1 - i)
-        sel = tl.compute_device == d
-        for phase, name in enumerate(PHASE_COLORS):
-            mine = phases[tl.compute_op[sel]] == phase
-            bars = _merge(tl.compute_start[sel][mine] * 1e3, tl.compute_end[sel][mine] * 1e3, min_width)
-            ax.broken_barh(bars, (y + 1.05, 0.8), facecolors=PHASE_COLORS[name], linewidth=0)
-        csel = tl.comm_device == d
-        for k, kind in enumerate(KINDS):
-            mine = tl.comm_kind[csel] == k
-            bars = _merge(tl.comm_start[csel][mine] * 1e3, tl.comm_end[csel][mine] * 1e3, min_width)
-            ax.broken_barh(bars, (y + 0.15, 0.8), facecolors=COMM_COLORS[kind], linewidth=0)
+        draw_device(ax, tl, d, y, phases, min_width)
         ticks += [(y + 1.45, f"{device_name(topology, d)} ({topology.devices[d].gpu.name}) compute"),
                   (y + 0.55, "comm")]
         if result.device_oom[d]:

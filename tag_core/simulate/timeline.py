@@ -40,6 +40,20 @@ def _merge(starts: np.ndarray, ends: np.ndarray, min_width: float) -> list[tuple
     return [(a, max(b - a, min_width)) for a, b in bars]
 
 
+def draw_device(ax, tl, device: int, y: float, phases: np.ndarray, min_width: float) -> None:
+    """One device's two rows at height `y` (in ms): compute coloured by phase above, communication by kind below."""
+    sel = tl.compute_device == device
+    for phase, name in enumerate(PHASE_COLORS):
+        mine = phases[tl.compute_op[sel]] == phase
+        bars = _merge(tl.compute_start[sel][mine] * 1e3, tl.compute_end[sel][mine] * 1e3, min_width)
+        ax.broken_barh(bars, (y + 1.05, 0.8), facecolors=PHASE_COLORS[name], linewidth=0)
+    csel = tl.comm_device == device
+    for k, kind in enumerate(KINDS):
+        mine = tl.comm_kind[csel] == k
+        bars = _merge(tl.comm_start[csel][mine] * 1e3, tl.comm_end[csel][mine] * 1e3, min_width)
+        ax.broken_barh(bars, (y + 0.15, 0.8), facecolors=COMM_COLORS[kind], linewidth=0)
+
+
 def timeline_formats() -> list[str]:
     """What savefig can write here, by file extension (pgf needs a LaTeX install)."""
     from matplotlib.backend_bases import FigureCanvasBase
@@ -79,17 +93,7 @@ def save_timeline(result: SimResult, graph: OpGraph, topology: Topology, path: s
     labels = []
     for d, dev in enumerate(topology.devices):
         y = 2 * (D - 1 - d)
-        sel = tl.compute_device == d
-        ops = tl.compute_op[sel]
-        for phase, name in enumerate(PHASE_COLORS):
-            mine = phases[ops] == phase
-            bars = _merge(tl.compute_start[sel][mine] * 1e3, tl.compute_end[sel][mine] * 1e3, min_width)
-            ax.broken_barh(bars, (y + 1.05, 0.8), facecolors=PHASE_COLORS[name], linewidth=0)
-        csel = tl.comm_device == d
-        for k, kind in enumerate(KINDS):
-            mine = tl.comm_kind[csel] == k
-            bars = _merge(tl.comm_start[csel][mine] * 1e3, tl.comm_end[csel][mine] * 1e3, min_width)
-            ax.broken_barh(bars, (y + 0.15, 0.8), facecolors=COMM_COLORS[kind], linewidth=0)
+        draw_device(ax, tl, d, y, phases, min_width)
         name = f"{topology.machines[dev.machine].name}:{dev.local} ({dev.gpu.name})"
         labels.append((y + 1.45, f"{name} compute"))
         labels.append((y + 0.55, "comm"))
