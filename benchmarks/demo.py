@@ -46,10 +46,13 @@ def run_demo(args: list[str]) -> dict:
     for line in done.stdout.splitlines():
         if match := DONE.match(line):
             stages[match[2]] += float(match[4])
-    print(f"  {' '.join(args) or '(default)'}: {wall:.0f} s, exit {done.returncode}", flush=True)
+    top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
+    print(f"  {' '.join(args) or '(default)'}: {wall:.0f} s, exit {done.returncode}; stage s: {top}", flush=True)
+    first = next((int(m[1]) for line in done.stdout.splitlines() if (m := re.match(r"^\s*(\d+) s\s+start", line))), None)
+    print(f"    first stage started at {first} s; last lines: {done.stdout.splitlines()[-1:]}", flush=True)
     if done.returncode != 0:
         print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
-    return {"args": args, "wall_s": round(wall, 1), "exit": done.returncode,
+    return {"args": args, "wall_s": round(wall, 1), "exit": done.returncode, "first_stage_s": first,
             "stage_s": {k: round(v, 1) for k, v in sorted(stages.items(), key=lambda kv: -kv[1])},
             "tail": done.stdout.splitlines()[-12:]}
 

@@ -91,11 +91,16 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     seen: set = field(default_factory=set)
     step_started: dict = field(default_factory=dict)
+    finished: set = field(default_factory=set)
 
     def poll(self) -> None:
         records = self.instance.get_run_records(RunsFilter(tags={DEMO_TAG: self.demo_id}))
         for record in sorted(records, key=lambda r: r.create_timestamp):
             run = record.dagster_run
+            if run.run_id in self.finished:
+                continue
+            if run.is_finished:  # read its log once more, then never again
+                self.finished.add(run.run_id)
             partition = run.tags.get("dagster/partition", "")
             for entry in self.instance.all_logs(run.run_id, of_type=STEP_EVENTS):
                 mark = (run.run_id, entry.step_key, entry.dagster_event_type)  # each once per run
