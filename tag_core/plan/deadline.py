@@ -4,9 +4,10 @@ With `--budget-seconds S` the clock starts when planning starts (capture and pro
 cached work and not counted). Set-up runs first (simulator, baselines, groups, settings);
 from the time its simulations took, the work after the search is estimated (SFB's
 candidates, the final, one-device and uncalibrated runs) and held back. MCTS gets most of
-what is left and the MCMC comparison the rest; a set-up that overruns leaves the search no
-time, and the plan is the best incumbent (the all-machines default at least). With an
-iterations budget nothing is cut short.
+what is left; the estimate is then updated from the search's own simulations, which cost
+more than the set-up's on large clusters, and the MCMC comparison gets what remains. A
+set-up that overruns leaves the search no time, and the plan is the best incumbent (the
+all-machines default at least). With an iterations budget nothing is cut short.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SIMULATIONS_AFTER_SEARCH = 21
 @dataclass
 class Deadline:
     at: float | None  # time.perf_counter() when the budget runs out; None: an iterations budget
-    reserve_s: float = 0.0
+    seconds_per_simulation: float = 0.0  # as measured so far
 
     @classmethod
     def starting_now(cls, budget: Budget) -> Deadline:
@@ -38,9 +39,13 @@ class Deadline:
     def passed(self) -> bool:
         return self.left_s() <= 0.0
 
+    @property
+    def reserve_s(self) -> float:
+        return SIMULATIONS_AFTER_SEARCH * self.seconds_per_simulation
+
     def hold_back(self, seconds_per_simulation: float) -> None:
-        """Keep time for the work after the search, at the set-up's measured simulation cost."""
-        self.reserve_s = SIMULATIONS_AFTER_SEARCH * seconds_per_simulation
+        """Keep time for the work after the search, at the measured cost of a simulation."""
+        self.seconds_per_simulation = seconds_per_simulation
 
     def search_budget(self, budget: Budget) -> Budget:
         if self.at is None:

@@ -249,8 +249,11 @@ def plan(
     if warm is not None:
         search.seed_path(warm)
     search_budget = deadline.search_budget(budget)
+    searched_from = ev.simulations
     with search_progress(f"plan {graph.model}", search_budget, show_progress) as bar:
         tag = search.run(search_budget, progress=bar)
+    if ev.simulations > searched_from:  # the search's plans are dearer to simulate than the set-up's uniform ones
+        deadline.hold_back(max(deadline.seconds_per_simulation, tag.wall_s / (ev.simulations - searched_from)))
     tag.simulations += setup_sims
     mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
     mcmc_budget = deadline.mcmc_budget(mcmc_simulations or max(ev.simulations, 1))
