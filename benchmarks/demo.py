@@ -73,7 +73,7 @@ def main() -> int:
     results[args.key] = [run_demo([]) for _ in range(args.runs)]
     if not args.skip_serial:
         print("one partition at a time:", flush=True)
-        results["serial"] = [run_demo(["--workers", "1"])]
+        results["serial" if args.key == "parallel" else f"{args.key}_serial"] = [run_demo(["--workers", "1"])]
     if not args.skip_executors:
         print("executors, mlp on testbed:", flush=True)
         results["executors"] = {name: run_demo([*one, "--executor", name]) for name in ("in_process", "multiprocess")}
@@ -97,6 +97,7 @@ def markdown(results: dict) -> str:
              "`python -m tag_pipelines.demo` in fresh homes (3 models × 2 topologies, 11 runs).", "",
              "| configuration | runs | wall s (median) | each run |", "|---|---:|---:|---|"]
     for name, label in (("final", "`make demo` as shipped: 2 partitions at once, fusion untuned"),
+                        ("final_serial", "the same, `--workers 1`: one partition at a time"),
                         ("parallel", "2 partitions at once, fusion tuned (the demo before it stopped tuning)"),
                         ("serial", "`--workers 1`: one partition at a time, fusion tuned")):
         if name in results:
