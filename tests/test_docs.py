@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -311,7 +310,7 @@ def test_dagster_assets_are_documented_as_they_are(defs):
         assert row["group"] == node.group_name, name
         assert spans(row["reads"]) == {k.to_user_string() for k in node.parent_keys}, name
         assert spans(row["config"]) == config_fields(assets_def), name
-        assert getattr(assets_def.op, "pool", "tag_duckdb") == "tag_duckdb", f"{name}: the docs say every asset runs in pool tag_duckdb"
+        assert getattr(assets_def.op, "pool", None) is None, f"{name}: docs/dagster.md says no asset runs in a pool"
 
 
 def test_dagster_checks_sensors_and_schedules_are_documented(defs):

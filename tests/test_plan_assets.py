@@ -95,7 +95,7 @@ def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance
         assert f"| {label}" in table
     assert meta["lineage"].value["graph_hash"] == graph_hash
     assert meta["tag_iteration_ms"].value == pytest.approx(data["tag"]["iteration_time_s"] * 1e3)
-    for picture in ("placement", "timeline"):
+    for picture in ("placement", "timeline", "vs_baselines_chart", "memory"):
         assert meta[picture].value.startswith("![") and "data:image/png;base64," in meta[picture].value
     checks = {c.check_name: c.passed for c in first.get_asset_check_evaluations()}
     assert checks == {"plan_fits_memory": True, "plan_beats_baselines": True}

@@ -130,6 +130,8 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
         metadata={
             "placement": MetadataValue.md(markdown_image(pictures.heatmap, "placement heatmap")),
             "timeline": MetadataValue.md(markdown_image(pictures.gantt, "simulated iteration")),
+            "vs_baselines_chart": MetadataValue.md(markdown_image(pictures.speedup, "TAG against every baseline")),
+            "memory": MetadataValue.md(markdown_image(pictures.memory, "peak memory per device")),
             "plan_id": plan_id,
             "tag_iteration_ms": data["tag"]["iteration_time_s"] * 1e3,
             "speedup_vs_dp_nccl": speedup if speedup is not None else MetadataValue.text("DP-NCCL out of memory"),
