@@ -254,7 +254,7 @@ BAD = {
     "huge link": (_with_link(gbps=1e300), "links[0].gbps", "between"),
     "huge inline gpu": (_machine(1, gpu={"name": "X", "tflops": 1e300, "mem_gb": 8, "mem_bw_gbps": 100}), "machines[1].gpu.tflops", "between"),
     "huge count": (_machine(1, count=100_000_000_000), "machines[1].count", "at most 1024"),
-    "too many gpus": (example(machines=[{"name": f"m{i}", "gpu": "T4", "count": 1024, "intra_gbps": 64} for i in range(5)], links=[]), "machines", "at most 4096"),
+    "too many gpus": (example(machines=[{"name": f"m{i}", "gpu": "T4", "count": 1024, "intra_gbps": 64} for i in range(17)], links=[]), "machines", "at most 16384"),
     "inline gpu with a catalog name": (_machine(1, gpu={"name": "v100-32gb", "tflops": 1, "mem_gb": 8, "mem_bw_gbps": 100}), "machines[1].gpu.name", "catalog GPU with other figures"),
     "matrix and links": (example(inter_gbps=[[0, 50, 100], [50, 0, 100], [100, 100, 0]]), "links", "cannot be combined"),
     "matrix too small": (example(inter_gbps=[[0, 50], [50, 0]], links=[]), "inter_gbps", "3x3"),

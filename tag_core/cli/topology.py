@@ -1,4 +1,4 @@
-"""`tag topology validate FILE` and `tag topology random --seed S`."""
+"""`tag topology validate FILE` and `tag topology random [--seed S] [--gpus N [--racks R [--pods P]]]`."""
 
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ def register(subparsers) -> None:
     validate.add_argument("--json", action="store_true", help="print the normalised topology and summary as JSON")
     validate.set_defaults(run=run_validate)
 
-    rand = sub.add_parser("random", help="a random topology from the TAG paper's distribution")
-    rand.add_argument("--seed", type=int, required=True, help="random seed (same seed, same topology)")
+    rand = sub.add_parser("random", help="a random topology from the TAG paper's distribution, or of a given size")
+    rand.add_argument("--seed", type=int, default=0, help="random seed (same arguments, same topology; default 0)")
+    rand.add_argument("--gpus", type=int, help="exactly this many GPUs, in machines of 4 or 8 by GPU type")
+    rand.add_argument("--racks", type=int, help="split the machines into this many racks (needs --gpus)")
+    rand.add_argument("--pods", type=int, help="split the racks into this many pods (needs --racks)")
+    rand.add_argument("--types", type=int, default=3, help="GPU types drawn (with --gpus; default 3)")
     rand.add_argument("--out", help="write the JSON here instead of printing it")
     rand.set_defaults(run=run_random)
 
 
 MAX_LINKS_SHOWN = 50
+MAX_MACHINES_SHOWN = 50
 
 
 def _fmt(x: float) -> str:
@@ -51,15 +56,23 @@ def run_validate(args) -> int:
         print_json(summary(topo))
         return 0
     print(f"topology {topo.name}: OK  (hash {topo.content_hash()})")
-    print(f"{len(topo.machines)} machines, {topo.num_devices} devices, inter-machine {_fmt(topo.inter_gbps)} Gbps")
+    inside = " inside a rack" if topo.racks else ""
+    print(f"{len(topo.machines)} machines, {topo.num_devices} devices, inter-machine {_fmt(topo.inter_gbps)} Gbps{inside}")
+    for line in _hierarchy_lines(topo):
+        print(line)
     width = max(len("machine"), *(len(m.name) for m in topo.machines))
     gwidth = max(len("gpu"), *(len(m.gpu.name) for m in topo.machines))
-    print(f"  {'#':>2}  {'machine':<{width}}  {'gpu':<{gwidth}}  {'count':>5}  {'intra Gbps':>10}  devices")
+    rwidth = max([len("rack")] + [len(m.rack) for m in topo.machines if m.rack is not None]) if topo.racks else 0
+    rack_head = f"  {'rack':<{rwidth}}" if topo.racks else ""
+    print(f"  {'#':>2}  {'machine':<{width}}  {'gpu':<{gwidth}}  {'count':>5}  {'intra Gbps':>10}{rack_head}  devices")
     first = 0  # devices are numbered machine-major: each machine's run follows the previous one's
-    for i, m in enumerate(topo.machines):
+    for i, m in enumerate(topo.machines[:MAX_MACHINES_SHOWN]):
         span = f"{first}" if m.count == 1 else f"{first}-{first + m.count - 1}"
         first += m.count
-        print(f"  {i:>2}  {m.name:<{width}}  {m.gpu.name:<{gwidth}}  {m.count:>5}  {_fmt(m.intra_gbps):>10}  {span}")
+        rack = f"  {m.rack:<{rwidth}}" if topo.racks else ""
+        print(f"  {i:>2}  {m.name:<{width}}  {m.gpu.name:<{gwidth}}  {m.count:>5}  {_fmt(m.intra_gbps):>10}{rack}  {span}")
+    if len(topo.machines) > MAX_MACHINES_SHOWN:  # thousands of machines: a screenful, the rest in --json
+        print(f"  ... and {len(topo.machines) - MAX_MACHINES_SHOWN:,} more machines (--json lists them all)")
     print("GPU types:")
     specs = {m.gpu.name: m.gpu for m in topo.machines}
     for name, count in topo.gpu_types().items():
@@ -74,13 +87,31 @@ def run_validate(args) -> int:
     return 0
 
 
+def _hierarchy_lines(topo) -> list[str]:
+    """Racks, pods and their uplinks; nothing for a flat topology."""
+    if not topo.racks:
+        return []
+    h = topo.hierarchy
+    sizes = h.rack_machines
+    spread = f"{sizes.min()}" if sizes.min() == sizes.max() else f"{sizes.min()}-{sizes.max()}"
+    pods = f" in {h.num_pods} pods" if topo.pod_uplink is not None else ""
+    lines = [f"{h.num_racks} racks{pods}, {spread} machines per rack"]
+    for level, uplink in (("rack", topo.rack_uplink), ("pod", topo.pod_uplink)):
+        if uplink is not None:
+            latency = f", {_fmt(uplink.latency_us)} µs" if uplink.latency_us is not None else ""
+            lines.append(f"  {level} uplink: {_fmt(uplink.gbps)} Gbps per flow, oversubscription "
+                         f"{_fmt(uplink.oversubscription)}:1{latency}")
+    return lines
+
+
 def run_random(args) -> int:
     from tag_core.cluster.topology import random_topology
 
     if args.out:
         output_file(args.out, "--out")
-    topo = random_topology(args.seed)
-    text = json.dumps(topo.to_dict(), indent=2) + "\n"
+    topo = random_topology(args.seed, gpus=args.gpus, racks=args.racks, pods=args.pods, types=args.types)
+    # Thousands of machines: one line each keeps the file readable and small.
+    text = json.dumps(topo.to_dict(), indent=2) + "\n" if topo.num_machines <= 64 else _compact(topo.to_dict())
     if args.out:
         out = Path(args.out)
         write_atomically(out, text, make_parents=False)
@@ -88,3 +119,17 @@ def run_random(args) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def _compact(data: dict) -> str:
+    """JSON with each machine and rack on its own line."""
+    parts = [f'{{"name": {json.dumps(data["name"])},\n "machines": [\n']
+    parts.append(",\n".join("  " + json.dumps(m) for m in data["machines"]))
+    parts.append(f'],\n "inter_gbps": {json.dumps(data["inter_gbps"])}')
+    for key in ("links", "racks"):
+        if key in data:
+            parts.append(f',\n "{key}": [\n' + ",\n".join("  " + json.dumps(x) for x in data[key]) + "]")
+    if "uplinks" in data:
+        parts.append(f',\n "uplinks": {json.dumps(data["uplinks"])}')
+    parts.append("}\n")
+    return "".join(parts)

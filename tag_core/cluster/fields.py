@@ -15,9 +15,11 @@ RANGES = {
     "tflops": (1e-9, 1e6, "TFLOP/s"),
     "mem_gb": (1e-9, 1e6, "GB"),
     "mem_bw_gbps": (1e-9, 1e7, "GB/s"),
+    "oversubscription": (1.0, 1e6, "(a ratio: demand over uplink capacity)"),
+    "latency_us": (1e-6, 1e7, "µs"),
 }
 MAX_GPUS_PER_MACHINE = 1024
-MAX_DEVICES = 4096
+MAX_DEVICES = 16_384
 
 
 def require(cond: bool, where: str, problem: str) -> None:

@@ -14,6 +14,7 @@ from tag_core.files import UNPAIRED_SURROGATE, unpaired_surrogate
 
 from .fields import RANGES, bounded_number, describe, gpu_count, json_object, nonempty_string, require
 from .gpu_catalog import CATALOG_BY_LOWER, GpuType, lookup_gpu
+from .hierarchy import Rack, Uplink
 from .pair_matrix import PairMatrix, read_matrix, split_document
 from .topology import Machine, Topology
 
@@ -45,7 +46,7 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
     `source` names the whole document when it is not an object at all.
     """
     require(isinstance(data, dict), source, f"must be a JSON object, got {describe(data)}")
-    obj = json_object(data, "", ("name", "machines", "inter_gbps"), ("links",))
+    obj = json_object(data, "", ("name", "machines", "inter_gbps"), ("links", "racks", "uplinks"))
     name = nonempty_string(obj["name"], "name")
     raw_machines = obj["machines"]
     require(isinstance(raw_machines, list), "machines", f"must be a list, got {describe(raw_machines)}")
@@ -53,19 +54,23 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
     machines = []
     for i, raw in enumerate(raw_machines):
         where = f"machines[{i}]"
-        m = json_object(raw, where, ("name", "gpu", "count", "intra_gbps"))
+        m = json_object(raw, where, ("name", "gpu", "count", "intra_gbps"), ("rack",))
         machines.append(
             Machine(
                 name=nonempty_string(m["name"], f"{where}.name"),
                 gpu=_gpu(m["gpu"], f"{where}.gpu"),
                 count=gpu_count(m["count"], f"{where}.count"),
                 intra_gbps=bounded_number(m["intra_gbps"], f"{where}.intra_gbps", "gbps"),
+                rack=nonempty_string(m["rack"], f"{where}.rack") if "rack" in m else None,
             )
         )
+    levels = _hierarchy(obj)
     raw_links = obj.get("links", [])
     require(isinstance(raw_links, list), "links", f"must be a list, got {describe(raw_links)}")
     if isinstance(obj["inter_gbps"], (list, PairMatrix)):
         require(not raw_links, "links", "cannot be combined with a per-pair inter_gbps matrix")
+        require("racks" not in obj, "inter_gbps", "a per-pair matrix cannot be combined with racks; give one "
+                "figure, and links between machines of one rack")
         inter, pair_links = _inter_matrix(obj["inter_gbps"], machines)
         return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=pair_links)
     inter = bounded_number(obj["inter_gbps"], "inter_gbps", "gbps")
@@ -82,7 +87,35 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
                 raise TagInputError(f"{where}.{end}", f"unknown machine {label!r}; known: {', '.join(m.name for m in machines)}")
             ends.append(spelled[label.lower()])
         links.append((ends[0], ends[1], bounded_number(link["gbps"], f"{where}.gbps", "gbps")))
-    return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=tuple(links))
+    return Topology(name=name, machines=tuple(machines), inter_gbps=inter, links=tuple(links), **levels)
+
+
+def _hierarchy(obj: dict) -> dict[str, Any]:
+    """`racks` (a list of {name, pod?}) and `uplinks` ({rack, pod?}: {gbps, oversubscription?, latency_us?})
+    as Topology's keyword arguments; how they fit the machines is checked by the Topology."""
+    out: dict[str, Any] = {}
+    if "racks" in obj:
+        raw = obj["racks"]
+        require(isinstance(raw, list), "racks", f"must be a list, got {describe(raw)}")
+        racks = []
+        for j, item in enumerate(raw):
+            rack = json_object(item, f"racks[{j}]", ("name",), ("pod",))
+            pod = nonempty_string(rack["pod"], f"racks[{j}].pod") if "pod" in rack else None
+            racks.append(Rack(nonempty_string(rack["name"], f"racks[{j}].name"), pod))
+        out["racks"] = tuple(racks)
+    if "uplinks" in obj:
+        uplinks = json_object(obj["uplinks"], "uplinks", (), ("rack", "pod"))
+        for level in ("rack", "pod"):
+            if level in uplinks:
+                where = f"uplinks.{level}"
+                item = json_object(uplinks[level], where, ("gbps",), ("oversubscription", "latency_us"))
+                latency = item.get("latency_us")
+                out[f"{level}_uplink"] = Uplink(
+                    gbps=bounded_number(item["gbps"], f"{where}.gbps", "gbps"),
+                    oversubscription=bounded_number(item.get("oversubscription", 1.0), f"{where}.oversubscription",
+                                                    "oversubscription"),
+                    latency_us=None if latency is None else bounded_number(latency, f"{where}.latency_us", "latency_us"))
+    return out
 
 
 def _inter_matrix(rows: Any, machines: list[Machine]) -> tuple[float, tuple[tuple[str, str, float], ...]]:
