@@ -162,3 +162,104 @@ def test_other_device_types_scale_the_kernels_without_the_cpu_executors_overhead
     b = ComputeModel(g, _with_overhead(g, "cpu", heavy)).times(V100, 8)[mm]
     assert a == b
     assert ComputeModel(g, _with_overhead(g, "cpu", heavy)).times(CATALOG["cpu"], 8)[mm] == pytest.approx(580e-6)
+
+
+# ---- racks: the all-reduce by levels ---------------------------------------
+
+
+def _two_racks(oversubscription: float):
+    """2 racks x 2 machines x 2 GPUs: 100 Gbit/s inside a machine, 50 between machines of a rack, and
+    racks joined by uplinks giving one flow 40 Gbit/s, oversubscribed `oversubscription`:1, 20 µs."""
+    from tag_core.cluster import parse_topology
+
+    return parse_topology({
+        "name": "two-racks", "inter_gbps": 50,
+        "machines": [{"name": f"m{i}", "gpu": "V100-16GB", "count": 2, "intra_gbps": 100, "rack": f"r{i // 2}"}
+                     for i in range(4)],
+        "racks": [{"name": "r0"}, {"name": "r1"}],
+        "uplinks": {"rack": {"gbps": 40, "oversubscription": oversubscription, "latency_us": 20}}})
+
+
+def _allreduce(topo, machines, nbytes):
+    from tag_core.simulate.comm import CommModel
+
+    comm = CommModel()
+    per_machine = [topo.machines[m].count for m in machines]
+    intra = [topo.machines[m].intra_gbps for m in machines]
+    return comm.allreduce(nbytes, per_machine, intra, 1.0, tiers=comm.allreduce_tiers(topo, machines))
+
+
+def test_hierarchical_allreduce_across_an_oversubscribed_link_costs_the_formula():
+    topo, nbytes = _two_racks(4.0), 1e8
+    in_machine = 2 * (0.5 * nbytes / 12.5e9 + LATENCY_S)  # reduce-scatter + all-gather over 2 GPUs at 100 Gbit/s
+    in_rack = 2 * (0.5 * nbytes / 6.25e9 + LATENCY_S)  # the same over 2 machines at 50 Gbit/s
+    # Across racks both machines of a rack send at once: capacity 2 * 40 / 4 = 20 Gbit/s, 10 each (1.25e9 B/s),
+    # each carrying its half of the tensor, in a ring of 2 racks.
+    across = 2 * (0.5 * (nbytes / 2) / 1.25e9 + 20e-6)
+    assert in_machine + in_rack + across == pytest.approx(0.064088)
+    assert _allreduce(topo, [0, 1, 2, 3], nbytes) == pytest.approx(in_machine + in_rack + across)
+    # Kept inside one rack the tiers stop there: cheaper than across, by the uplink's term.
+    within = _allreduce(topo, [0, 1], nbytes)
+    assert within == pytest.approx(in_machine + in_rack) and within < _allreduce(topo, [0, 1, 2, 3], nbytes)
+    # One machine per rack: one flow per uplink gets 2 * 40 / 4 = 20 Gbit/s, but carries the whole tensor.
+    assert _allreduce(topo, [0, 2], nbytes) == pytest.approx(in_machine + 2 * (0.5 * nbytes / 2.5e9 + 20e-6))
+
+
+def test_uplink_contention_counts_only_when_oversubscribed():
+    nbytes = 1e8
+    full = _two_racks(1.0)  # capacity 80 Gbit/s per rack: two flows get 40 each, as one alone does
+    one_each = _allreduce(full, [0, 2], nbytes)
+    both = _allreduce(full, [0, 1, 2, 3], nbytes)
+    across_both = 2 * (0.5 * (nbytes / 2) / 5e9 + 20e-6)
+    assert both - _allreduce(full, [0, 1], nbytes) == pytest.approx(across_both)
+    assert one_each - 2 * (0.5 * nbytes / 12.5e9 + LATENCY_S) == pytest.approx(2 * (0.5 * nbytes / 5e9 + 20e-6))
+    # Array sizes at once, as the simulator asks.
+    sizes = np.array([1e6, 1e8])
+    assert _allreduce(full, [0, 1, 2, 3], sizes)[1] == pytest.approx(both)
+
+
+def test_flat_topologies_get_todays_hierarchical_allreduce():
+    from tag_core.cluster import load_topology
+    from tag_core.simulate.comm import CommModel
+
+    topo = load_topology("examples/topologies/testbed.json")
+    machines = [0, 2, 3, 5]
+    ring = list(zip(machines, machines[1:] + machines[:1]))
+    inter = min(topo.bandwidth_gbps(a, b) for a, b in ring)
+    per_machine = [topo.machines[m].count for m in machines]
+    intra = [topo.machines[m].intra_gbps for m in machines]
+    sizes = np.array([1e3, 1e6, 5e7])
+    comm = CommModel()
+    tiers = comm.allreduce_tiers(topo, machines)
+    assert len(tiers) == 1 and comm.ring_gbps(topo, machines) == inter
+    assert comm.allreduce(sizes, per_machine, intra, inter, tiers=tiers) == pytest.approx(
+        hierarchical_allreduce_time(sizes, per_machine, intra, inter))
+
+
+def test_pods_add_a_tier_and_levels_set_latency_and_bandwidth():
+    from tag_core.cluster import parse_topology
+    from tag_core.simulate.comm import CommModel
+
+    machines = [{"name": f"m{i}", "gpu": "T4", "count": 1, "intra_gbps": 64, "rack": f"r{i // 2}"} for i in range(8)]
+    topo = parse_topology({"name": "pods", "inter_gbps": 50, "machines": machines,
+                           "racks": [{"name": f"r{j}", "pod": f"p{j // 2}"} for j in range(4)],
+                           "uplinks": {"rack": {"gbps": 40, "oversubscription": 2, "latency_us": 20},
+                                       "pod": {"gbps": 30, "oversubscription": 4, "latency_us": 50}}})
+    comm = CommModel()
+    tiers = comm.allreduce_tiers(topo, range(8))
+    assert [t.level for t in tiers] == ["rack", "pod", "cluster"]
+    # Racks: 2 flows each on 2 * 40 / 2 = 40 Gbit/s, a half each; pods: 4 flows on 4 * 30 / 4 = 30 Gbit/s
+    # (7.5 each, below the rack's 20), a quarter each.
+    assert tiers[1].seconds_per_byte.tolist() == pytest.approx([0.5 / bytes_per_s(20)] * 2)
+    assert tiers[2].seconds_per_byte.tolist() == pytest.approx([0.25 / bytes_per_s(7.5)])
+    expected = sum(2 * ((m - 1) / m * 1e8 * s + (m - 1) * lat) for m, s, lat in
+                   [(2, 1 / bytes_per_s(50), LATENCY_S), (2, 0.5 / bytes_per_s(20), 20e-6),
+                    (2, 0.25 / bytes_per_s(7.5), 50e-6)])
+    assert comm.allreduce(1e8, [1] * 8, [64.0] * 8, 1.0, tiers=tiers) == pytest.approx(expected)
+    gbps, latency = comm.pair_terms(topo, np.array([0, 0, 0, 0]), np.array([0, 1, 2, 7]))
+    assert gbps.tolist() == [64, 50, 40, 30] and latency.tolist() == pytest.approx([LATENCY_S, LATENCY_S, 20e-6, 50e-6])
+    # A calibration's inter class is the in-rack level: uplinks keep their figures.
+    calibrated = CommModel(link_gbps={"inter": 10.0})
+    matrix = calibrated.machine_bandwidth(topo)
+    assert matrix[0, 1] == 10 and matrix[0, 2] == 40 and matrix[0, 7] == 30
+    assert calibrated.pair_terms(topo, 0, 1)[0] == 10

@@ -8,6 +8,11 @@ measured, used as they are when a collective is one of those; and the runtime's 
 a step by the number of tasks it touches, added once per iteration (simulate/feeds.py), with the
 batch the client feeds through task 0. Collectives it did not measure keep the ring formulas of
 tag_core.simulate.cost, with the calibrated latencies.
+
+On a topology with racks (tag_core.cluster.hierarchy), a calibration's "inter" class is the in-rack
+level; across racks the uplinks' figures and latencies apply (`level_latency_s`, `pair_terms`), and
+an all-reduce goes by `allreduce_tiers`: rings inside machines, inside racks, across racks, across
+pods, each rack's uplink shared by the flows that leave it at once.
 """
 
 from __future__ import annotations
@@ -17,9 +22,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tag_core.cluster.calibration import Calibration, Fit
+from tag_core.cluster.hierarchy import LEVEL_MACHINE, LEVEL_RACK
 from tag_core.cluster.topology import Topology
 
-from .cost import LATENCY_S, broadcast_time, bytes_per_s, hierarchical_allgather_time, hierarchical_allreduce_time
+from .cost import (
+    LATENCY_S,
+    RingTier,
+    broadcast_time,
+    bytes_per_s,
+    hierarchical_allgather_time,
+    hierarchical_allreduce_time,
+    tiered_allreduce_time,
+)
 
 
 @dataclass(frozen=True)
@@ -66,14 +80,87 @@ class CommModel:
         diagonal = np.eye(len(matrix), dtype=bool)
         if "intra" in self.link_gbps:  # (the client's link feeds task 0 only: simulate/feeds.py)
             matrix[diagonal] = self.link_gbps["intra"]
-        if "inter" in self.link_gbps:
-            matrix[~diagonal] = self.link_gbps["inter"]
+        if "inter" in self.link_gbps:  # measured between machines of one rack: every pair of a flat topology
+            rack = np.asarray(topology.hierarchy.machine_rack)
+            matrix[~diagonal & (rack[:, None] == rack[None, :])] = self.link_gbps["inter"]
         return matrix
 
-    def allreduce(self, nbytes, per_machine: list[int], intra_gbps: list[float], inter_gbps: float):
-        fit = self._fit("allreduce", per_machine)
+    # -- the path of a flow, vectorised over machine pairs (nothing M x M) --
+
+    def level_latency_s(self, topology: Topology) -> np.ndarray:
+        """Latency per transfer or ring step by level (index: hierarchy.LEVEL_*): in a machine, in a rack,
+        across racks, across pods. An uplink without its own latency_us takes the level below's."""
+        rack_us, pod_us = topology.hierarchy.uplink_latency_us()
+        across_racks = self.inter_latency_s if rack_us is None else rack_us * 1e-6
+        return np.array([self.intra_latency_s, self.inter_latency_s, across_racks,
+                         across_racks if pod_us is None else pod_us * 1e-6])
+
+    def pair_terms(self, topology: Topology, a, b) -> tuple[np.ndarray, np.ndarray]:
+        """(Gbit/s, latency in s) of a lone flow between machines a and b (index arrays, broadcast): the
+        topology's figures by level, with the calibration's measured classes in place in a machine and a rack.
+        A transfer of n bytes costs latency + n / bytes_per_s(gbps) (cost.transfer_time)."""
+        level = topology.pair_level(a, b)
+        gbps = topology.pair_gbps(a, b)
+        if "intra" in self.link_gbps:
+            gbps = np.where(level == LEVEL_MACHINE, self.link_gbps["intra"], gbps)
+        if "inter" in self.link_gbps:
+            gbps = np.where(level == LEVEL_RACK, self.link_gbps["inter"], gbps)
+        return gbps, self.level_latency_s(topology)[level]
+
+    def ring_gbps(self, topology: Topology, machines) -> float:
+        """The slowest hop of one ring through these machines, rack by rack (one hop leaves each rack, so
+        no uplink is shared): the `inter_gbps` to give `allgather` and `broadcast` on a topology with racks."""
+        ring = _by_rack(topology, machines)
+        if len(ring) < 2:
+            return 1.0
+        gbps, _ = self.pair_terms(topology, ring, np.roll(ring, -1))
+        return float(gbps.min())
+
+    def allreduce_tiers(self, topology: Topology, machines) -> tuple[RingTier, ...]:
+        """The stages above the machine of a hierarchical all-reduce over these machines (indices; each GPU
+        count is the caller's `per_machine`): rings inside racks, then across the racks of each pod, then
+        across pods. Per rack r with m_r machines taking part out of n_r, each of its m_r flows across the
+        uplink gets rack.flow_gbps(n_r, m_r) = gbps * min(1, n_r / (o * m_r)), carrying B / m_r; across pods
+        a machine's flow takes the smaller of its rack's and its pod's shares and carries B / (m_r * racks of
+        its pod taking part). Flat topologies: one tier, the ring across machines of `hierarchical_allreduce_time`."""
+        ring = _by_rack(topology, machines)
+        h = topology.hierarchy
+        latency = self.level_latency_s(topology)
+        rack = np.asarray(h.machine_rack)[ring]
+        racks, starts, taking = np.unique(rack, return_index=True, return_counts=True)
+        # Rack tier: each rack's own ring; its hops are in-rack pairs (links, inter_gbps, the calibration).
+        following = np.arange(len(ring)) + 1
+        following[starts + taking - 1] = starts  # the last machine of a rack passes to its first
+        hop_gbps, _ = self.pair_terms(topology, ring, ring[following])
+        slowest = np.minimum.reduceat(hop_gbps, starts)
+        tiers = [RingTier("rack", taking, 1.0 / bytes_per_s(slowest), float(latency[LEVEL_RACK]), taking)]
+        if len(racks) < 2:
+            return tuple(tiers)
+        rack_share = h.rack_uplink.flow_gbps(h.rack_machines[racks], taking)
+        pod = np.asarray(h.rack_pod)[racks]
+        pods, pod_of, racks_in_pod = np.unique(pod, return_inverse=True, return_counts=True)
+        rack_s = (1.0 / taking) / bytes_per_s(rack_share)  # per rack: its shard over its share
+        tiers.append(RingTier("pod", racks_in_pod, _max_by(rack_s, pod_of, len(pods)), float(latency[2]),
+                              np.bincount(pod_of, weights=taking).astype(np.int64)))
+        if len(pods) < 2:
+            return tuple(tiers)
+        flows = np.bincount(pod_of, weights=taking)  # machines of each pod that send across its uplink at once
+        share = np.minimum(rack_share, h.pod_uplink.flow_gbps(h.pod_machines[pods], flows)[pod_of])
+        cluster_s = (1.0 / (taking * racks_in_pod[pod_of])) / bytes_per_s(share)
+        tiers.append(RingTier("cluster", np.array([len(pods)]), np.array([cluster_s.max()]), float(latency[3]),
+                              np.array([int(flows.sum())])))
+        return tuple(tiers)
+
+    def allreduce(self, nbytes, per_machine: list[int], intra_gbps: list[float], inter_gbps: float,
+                  tiers: tuple[RingTier, ...] | None = None):
+        """All-reduce over devices on machines with `per_machine` GPUs each. With `tiers` (allreduce_tiers of
+        the same machines), by `tiered_allreduce_time`; else the two-level ring at `inter_gbps`.
+        A measured fit applies within one rack only: the calibration measured no uplink."""
+        fit = self._fit("allreduce", per_machine) if tiers is None or len(tiers) < 2 else None
         if fit is not None:
             return fit.latency_s + nbytes / bytes_per_s(fit.gbps)
+        if tiers is not None:
+            return tiered_allreduce_time(nbytes, per_machine, intra_gbps, tiers, self.intra_latency_s)
         return hierarchical_allreduce_time(nbytes, per_machine, intra_gbps, inter_gbps, self.intra_latency_s,
                                            self.inter_latency_s)
 
@@ -97,6 +184,18 @@ class CommModel:
         if all(count == 1 for count in per_machine):
             return self.fits.get((kind, "inter", len(per_machine)))
         return None
+
+
+def _by_rack(topology: Topology, machines) -> np.ndarray:
+    """Distinct machine indices, rack by rack (machine order inside a rack): a ring's or the tiers' order."""
+    ring = np.unique(np.asarray(machines, dtype=np.int64))
+    return ring[np.argsort(np.asarray(topology.hierarchy.machine_rack)[ring], kind="stable")]
+
+
+def _max_by(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    out = np.full(groups, -np.inf)
+    np.maximum.at(out, group, values)
+    return out
 
 
 def comm_for(conn, topology: Topology) -> tuple[CommModel, str | None]:

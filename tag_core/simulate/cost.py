@@ -23,13 +23,14 @@ Compute time of an op on a device type at a batch size:
    plus a per-kernel launch floor.
 
 Communication: a transfer costs latency + bytes / bandwidth of the bottleneck link of its
-path (one machine pair, or the intra-machine interconnect). Collectives follow the ring
-algorithms NCCL uses (formulas at each function).
+path (one machine pair, or the intra-machine interconnect; across racks the uplinks, see
+tag_core.cluster.hierarchy). Collectives follow the ring algorithms NCCL uses (formulas at
+each function); on racks, `tiered_allreduce_time` goes level by level.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -85,6 +86,49 @@ def hierarchical_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list
         if k > 1:
             intra = np.maximum(intra, (k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * intra_latency)
     return 2.0 * intra + ring_allreduce_time(nbytes, len(machines), inter_gbps, inter_latency)
+
+
+@dataclass(frozen=True)
+class RingTier:
+    """One stage above the machine of a hierarchical all-reduce: a ring inside every unit of one level at once
+    (the machines of each rack, the racks of each pod, or the pods). CommModel.allreduce_tiers builds them."""
+
+    level: str  # "rack", "pod" or "cluster": the unit the rings run inside
+    members: np.ndarray  # per unit: how many machines, racks or pods its ring joins
+    seconds_per_byte: np.ndarray  # per unit: its slowest flow's seconds per byte of the whole tensor
+    latency_s: float  # per ring step
+    flows: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per unit: concurrent flows (for reports)
+
+
+def tiered_allreduce_time(nbytes, per_machine: list[int], intra_gbps: list[float], tiers: tuple[RingTier, ...],
+                          intra_latency: float = LATENCY_S):
+    """Reduce-scatter up the levels, all-reduce at the top, all-gather down:
+
+        T = 2 max_machine [(k-1)/k * B / intra + (k-1) l0] + sum over tiers 2 max_unit [(m-1)/m * B * s + (m-1) l]
+
+    with k GPUs of a machine, m members of a unit and s its seconds per byte. The top tier's term is its
+    ring all-reduce (reduce-scatter plus all-gather cost the same). A machine's GPUs share its NIC, so the
+    rack tier moves all B per machine (s = 1 / ring bandwidth, as `hierarchical_allreduce_time`); above it
+    each machine carries its shard (B / machines of its rack taking part, then / racks of its pod) on its
+    contended uplink share. With one tier this is `hierarchical_allreduce_time`; `nbytes` may be an array.
+    """
+    intra = 0.0 * nbytes
+    for k, bw in set(zip(per_machine, intra_gbps)):  # thousands of machines, a few kinds
+        if k > 1:
+            intra = np.maximum(intra, (k - 1) / k * nbytes / bytes_per_s(bw) + (k - 1) * intra_latency)
+    total = 2.0 * intra
+    for tier in tiers:
+        ring = tier.members > 1
+        if not ring.any():
+            continue
+        # Units with the same terms cost the same: a few distinct pairs however many racks.
+        terms = np.unique(np.stack([(tier.members[ring] - 1) / tier.members[ring] * tier.seconds_per_byte[ring],
+                                    (tier.members[ring] - 1) * tier.latency_s], axis=1), axis=0)
+        slowest = 0.0 * nbytes
+        for per_byte, steps in terms:
+            slowest = np.maximum(slowest, per_byte * nbytes + steps)
+        total = total + 2.0 * slowest
+    return total
 
 
 def broadcast_time(nbytes: float, n: int, gbps: float, latency: float = LATENCY_S) -> float:
