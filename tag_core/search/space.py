@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tag_core.capture.graph import Edge, OpGraph
+from tag_core.cluster.classes import class_mask, machine_classes
 from tag_core.simulate.result import SimResult
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
@@ -21,6 +22,7 @@ from .grouping import OpGroups, group_ops
 
 OPS_PER_PART = 4  # model parallelism: fewest ops per device part
 MAX_SINGLES = 8  # single-machine masks beyond this many machines only for the fastest
+PER_MACHINE_UP_TO = 16  # up to this many machines a mask bit per machine; beyond, masks over machine classes
 ALLREDUCE, MODEL_PARALLEL = OPTIONS.index("allreduce"), OPTIONS.index("model_parallel")
 
 
@@ -68,18 +70,48 @@ class ActionSpace:
         topo = sim.topology
         M = topo.num_machines
         machine_speed = np.bincount(sim.dev_machine, weights=device_speed, minlength=M)
+        if M > PER_MACHINE_UP_TO:
+            return cls.by_class(sim, machine_speed)
         fastest = np.argsort(-machine_speed, kind="stable")
         candidates: list[tuple[str, np.ndarray]] = [("all", np.ones(M, dtype=bool))]
         for m in sorted(fastest[:MAX_SINGLES].tolist()):
             candidates.append((topo.machines[m].name, np.arange(M) == m))
-        types = [topo.machines[m].gpu.name for m in range(M)]
-        for t in dict.fromkeys(types):
-            candidates.append((f"all-{t}", np.array([x == t for x in types])))
+        candidates += _type_masks(topo)
         ks = range(2, M) if M <= 10 else sorted({int(round(M ** (i / 6))) for i in range(1, 6)} - {0, 1, M})
         for k in ks:
             mask = np.zeros(M, dtype=bool)
             mask[fastest[:k]] = True
             candidates.append((f"top{k}", mask))
+        return cls._distinct(candidates)
+
+    @classmethod
+    def by_class(cls, sim: Simulator, machine_speed: np.ndarray) -> "ActionSpace":
+        """Masks over machine classes (tag_core/cluster/classes.py), so their number grows with the kinds of
+        machine, not the machines: k machines of a class for a few k per class (the fastest classes), the
+        fastest classes whole, and the k fastest machines (classes in speed order, each packed by rack)."""
+        topo = sim.topology
+        M = topo.num_machines
+        classes = machine_classes(topo)
+        speed = [float(machine_speed[c.machines[0]]) for c in classes]
+        by_speed = sorted(range(len(classes)), key=lambda c: -speed[c])  # stable: ties keep class order
+        candidates: list[tuple[str, np.ndarray]] = [("all", np.ones(M, dtype=bool))]
+        for c in by_speed[:MAX_SINGLES]:
+            n = classes[c].size
+            for k in sorted({max(1, int(round(n ** (i / 3)))) for i in range(4)}):
+                name = f"{k}x{classes[c].count}x{classes[c].gpu}" + (f"#{c}" if len(classes) > 1 else "")
+                candidates.append((name, class_mask(topo, {c: k}, classes)))
+        candidates += _type_masks(topo)
+        for j in range(2, min(len(classes), MAX_SINGLES + 1)):
+            candidates.append((f"top{j}classes", class_mask(topo, {c: classes[c].size for c in by_speed[:j]}, classes)))
+        order = [m for c in by_speed for m in classes[c].machines]
+        for k in sorted({int(round(M ** (i / 6))) for i in range(1, 6)} - {0, 1, M}):
+            mask = np.zeros(M, dtype=bool)
+            mask[order[:k]] = True
+            candidates.append((f"top{k}", mask))
+        return cls._distinct(candidates)
+
+    @classmethod
+    def _distinct(cls, candidates: list[tuple[str, np.ndarray]]) -> "ActionSpace":
         masks, names, seen = [], [], set()
         for name, mask in candidates:
             key = mask.tobytes()
@@ -88,6 +120,11 @@ class ActionSpace:
                 masks.append(mask)
                 names.append(name)
         return cls(np.array(masks, dtype=bool), names)
+
+
+def _type_masks(topo) -> list[tuple[str, np.ndarray]]:
+    types = [m.gpu.name for m in topo.machines]
+    return [(f"all-{t}", np.array([x == t for x in types])) for t in dict.fromkeys(types)]
 
 
 # ---- scoring -------------------------------------------------------------------

@@ -35,6 +35,23 @@ from .result import SimResult, Timeline
 from .strategy import Strategy
 
 
+class DevicePairs:
+    """A device-by-device view of a machine-by-machine matrix: `view[a, b]` is `matrix[machine(a), machine(b)]`
+    for device indices or index arrays (numpy broadcasting, as on a D x D array)."""
+
+    def __init__(self, matrix: np.ndarray, dev_machine: np.ndarray):
+        self.matrix, self.dev_machine = matrix, dev_machine
+        self.shape = (len(dev_machine), len(dev_machine))
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        a, b = key
+        return self.matrix[self.dev_machine[a], self.dev_machine[b]]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.matrix[np.ix_(self.dev_machine, self.dev_machine)]
+        return out if dtype is None else out.astype(dtype)
+
+
 class Simulator:
     """Strategy-independent state for one (graph, topology, profile set, batch size)."""
 
@@ -46,8 +63,12 @@ class Simulator:
         batch_size: int | None = None,
         compute: ComputeModel | None = None,
         comm: CommModel | None = None,
+        collapse: bool = True,
     ):
         self.graph, self.topology = graph, topology
+        # Simulate one representative device per class of interchangeable devices (engine.make_slots); False
+        # simulates every device on its own (the tests' reference).
+        self.collapse = collapse
         self.comm = comm or CommModel()
         self.n = len(graph.ops)
         self.batch = int(batch_size or graph.batch_size)
@@ -80,7 +101,8 @@ class Simulator:
         self.dev_gpu_id = np.array([names.index(g.name) for g in self.dev_gpu], dtype=np.int64)
         self.capacity = np.array([g.mem_bytes for g in self.dev_gpu], dtype=np.float64)
         self.machine_bw = self.comm.machine_bandwidth(topo)
-        self.dev_bw = self.machine_bw[np.ix_(self.dev_machine, self.dev_machine)]
+        # Device pairs look their machines up: D x D arrays would take 12·D² bytes (800 MB at 8192 GPUs).
+        self.dev_bw = DevicePairs(self.machine_bw, self.dev_machine)
         # Channels: one per machine (its interconnect), one per machine pair (their link), numbered
         # machines first, then the pairs a < b in row-major order. Vectorised: 4096 machines make 8M pairs.
         chan = np.zeros((M, M), dtype=np.int32 if M < 46_000 else np.int64)  # half the memory of int64
@@ -90,7 +112,7 @@ class Simulator:
         bps = bytes_per_s(np.concatenate([np.diag(self.machine_bw), self.machine_bw[a, b]]))
         del a, b
         self.dev_channel_m = chan
-        self.dev_channel = chan[np.ix_(self.dev_machine, self.dev_machine)]
+        self.dev_channel = DevicePairs(chan, self.dev_machine)
         self.channel_bps = bps
         self.num_channels = len(bps)
         self.channel_latency = np.where(np.arange(len(bps)) < M, self.comm.intra_latency_s, self.comm.inter_latency_s)

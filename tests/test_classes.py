@@ -1,0 +1,120 @@
+"""Machine classes: detection, the deterministic choice of concrete machines, class-level action
+spaces, and class collapse in the simulator (one representative per class, exact)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from simgraphs import profiles, train_graph
+
+from tag_core.cluster import Machine, Topology, lookup_gpu
+from tag_core.cluster.classes import choose_machines, class_mask, machine_class_of, machine_classes
+from tag_core.search.baselines import device_speed
+from tag_core.search.space import PER_MACHINE_UP_TO, ActionSpace
+from tag_core.simulate import Simulator, Strategy
+
+V100, T4 = "V100-32GB", "T4"
+
+
+def _topo(*specs, links=()) -> Topology:
+    machines = tuple(Machine(name, lookup_gpu(gpu), count, intra) for name, gpu, count, intra in specs)
+    return Topology("t", machines, inter_gbps=25.0, links=tuple(links))
+
+
+def test_identical_machines_form_one_class():
+    topo = _topo(("a", V100, 2, 100.0), ("b", T4, 2, 100.0), ("c", V100, 2, 100.0), ("d", V100, 4, 100.0),
+                 ("e", V100, 2, 50.0), ("f", V100, 2, 100.0))
+    classes = machine_classes(topo)
+    assert [c.machines for c in classes] == [(0, 2, 5), (1,), (3,), (4,)]
+    assert machine_class_of(topo).tolist() == [0, 1, 0, 2, 3, 0]
+
+
+def test_a_link_override_sets_a_machine_apart():
+    topo = _topo(("a", V100, 2, 100.0), ("b", V100, 2, 100.0), ("c", V100, 2, 100.0), links=[("a", "b", 10.0)])
+    assert [c.machines for c in machine_classes(topo)] == [(0, 1), (2,)]
+
+
+def test_choice_follows_machine_order_without_racks():
+    topo = _topo(*[(f"m{i}", V100, 2, 100.0) for i in range(5)])
+    (cls,) = machine_classes(topo)
+    assert choose_machines(cls, 3) == (0, 1, 2)
+    assert class_mask(topo, {0: 2}).tolist() == [True, True, False, False, False]
+    with pytest.raises(ValueError):
+        choose_machines(cls, 6)
+
+
+def test_choice_packs_the_fullest_rack_first():
+    hierarchy = pytest.importorskip("tag_core.cluster.hierarchy")  # racks come with hierarchical topologies
+    Rack, Uplink = hierarchy.Rack, hierarchy.Uplink
+    racks = ["r1", "r2", "r2", "r1", "r2", "r3"]
+    machines = tuple(Machine(f"m{i}", lookup_gpu(V100), 2, 100.0, rack=r) for i, r in enumerate(racks))
+    topo = Topology("racked", machines, inter_gbps=25.0, racks=(Rack("r1"), Rack("r2"), Rack("r3")),
+                    rack_uplink=Uplink(25.0, 4.0))
+    (cls,) = machine_classes(topo)  # racks of identical machines are one class
+    assert cls.machines == (1, 2, 4, 0, 3, 5)
+    assert choose_machines(cls, 3) == (1, 2, 4)  # all of r2 (the fullest) before r1
+    assert choose_machines(cls, 4) == (1, 2, 4, 0)
+    assert choose_machines(cls, 3) == choose_machines(machine_classes(topo)[0], 3)  # deterministic
+
+
+def test_small_topologies_keep_a_mask_bit_per_machine():
+    g = train_graph()
+    topo = _topo(*[(f"m{i}", V100, 1, 100.0) for i in range(4)])
+    sim = Simulator(g, topo, profiles(g, V100))
+    space = ActionSpace.build(sim, device_speed(sim))
+    assert {"m0", "m1", "m2", "m3", "all"} <= set(space.mask_names)
+
+
+@pytest.mark.parametrize("per_class", [12, 40])
+def test_class_action_space_does_not_grow_with_machines(per_class):
+    g = train_graph()
+    specs = [(f"{t}{i}", t, 2, 100.0) for i in range(per_class) for t in (V100, T4)]
+    topo = _topo(*specs)
+    assert topo.num_machines > PER_MACHINE_UP_TO
+    sim = Simulator(g, topo, profiles(g, V100))
+    space = ActionSpace.build(sim, device_speed(sim))
+    assert len(space.masks) <= 16
+    # k machines of one class: the first k of its machines in order
+    name = next(n for n in space.mask_names if n.startswith(f"{per_class}x2x"))
+    assert space.masks[space.mask_names.index(name)].sum() == per_class
+    one = space.masks[space.mask_names.index(f"1x2x{V100}#0")]
+    assert np.flatnonzero(one).tolist() == [0]
+
+
+def _collapse_case():
+    g = train_graph(layers=3)
+    topo = _topo(*[(f"v{i}", V100, 2, 100.0) for i in range(3)], *[(f"t{i}", T4, 4, 60.0) for i in range(2)])
+    prof = profiles(g, V100)
+    return g, topo, prof
+
+
+@pytest.mark.parametrize("option", ["allreduce", "ps", "duplicate", "model_parallel"])
+@pytest.mark.parametrize("speed_shares", [False, True])
+def test_class_collapse_matches_every_device_simulated(option, speed_shares):
+    g, topo, prof = _collapse_case()
+    collapsed, flat = Simulator(g, topo, prof), Simulator(g, topo, prof, collapse=False)
+    shares = device_speed(collapsed) if speed_shares else None
+    for mask in (np.ones(5, dtype=bool), class_mask(topo, {0: 2, 1: 1})):
+        s = Strategy.uniform(len(g.ops), 5, topo.num_devices, option, batch_shares=shares, mask=mask)
+        a, b = collapsed.run(s), flat.run(s)
+        assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
+        assert np.allclose(a.peak_memory_bytes, b.peak_memory_bytes, rtol=1e-12)
+        if option == "allreduce":
+            assert a.simulated_slots < b.simulated_slots == topo.num_devices
+
+
+def test_identical_machines_listed_or_as_a_class_simulate_the_same():
+    """A cluster of identical machines: the class-level plan "replicate on all k of class c" simulates
+    exactly as the same plan with every machine listed, for every k."""
+    g = train_graph(layers=2)
+    topo = _topo(*[(f"m{i}", V100, 4, 100.0) for i in range(6)])
+    prof = profiles(g, V100)
+    sim, flat = Simulator(g, topo, prof), Simulator(g, topo, prof, collapse=False)
+    (cls,) = machine_classes(topo)
+    for k in range(1, 7):
+        mask = class_mask(topo, {0: k})
+        listed = np.zeros(6, dtype=bool)
+        listed[list(range(k))] = True
+        assert mask.tolist() == listed.tolist()
+        s = Strategy.uniform(len(g.ops), 6, topo.num_devices, "allreduce", mask=mask)
+        assert sim.run(s).iteration_time_s == pytest.approx(flat.run(s).iteration_time_s, rel=1e-12)
