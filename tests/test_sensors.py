@@ -31,6 +31,7 @@ from tag_pipelines.resources import build_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED = ROOT / "examples" / "topologies" / "testbed.json"
+TWO_RACKS = ROOT / "examples" / "topologies_hierarchical" / "two_racks.json"
 
 
 @pytest.fixture
@@ -112,6 +113,32 @@ def test_topology_sensor_new_changed_and_deleted(snapshot_dir, instance):
     assert [r.run_key.split(":")[0] for r in retired.run_requests] == ["retire"]
     assert instance.get_dynamic_partitions(topology_partitions.name) == ["testbed"], "history stays"
     assert isinstance(tick(topology_snapshot_sensor, instance, retired.cursor), SkipReason)
+
+
+def test_hierarchical_snapshot_is_scanned_requested_and_stored(snapshot_dir, instance, tag_home):
+    """Racks, pods and uplinks pass the sensor's checks, and the stored snapshot keeps them."""
+    from assets.cluster import cluster_topology
+    from tag_core import store
+    from tag_core.cluster import load_topology, recorded_topology
+
+    settled(Path(shutil.copy(TWO_RACKS, snapshot_dir / "racks.json")))
+    bad = json.loads(TWO_RACKS.read_text())
+    bad["uplinks"]["rack"]["oversubscription"] = 0.5
+    (snapshot_dir / "undersubscribed.json").write_text(json.dumps(bad))
+    settled(snapshot_dir / "undersubscribed.json")
+    scans = {scan.name: scan for scan in scan_snapshots(snapshot_dir, settle_s=2)}
+    assert scans["racks"].status == "ready" and scans["racks"].topology.hierarchy.num_racks == 2
+    assert scans["undersubscribed"].status == "invalid"
+    assert scans["undersubscribed"].reason.startswith("uplinks.rack.oversubscription: must be between 1 and")
+
+    first = tick(topology_snapshot_sensor, instance, None)
+    assert [r.partition_key for r in first.run_requests] == ["racks"]
+    assert first.run_requests[0].tags["tag/topology_hash"] == load_topology(TWO_RACKS).content_hash()
+    assert materialize([cluster_topology], partition_key="racks", instance=instance,
+                       resources=build_resources()).success
+    with store.connect(tag_home / "tag.duckdb", read_only=True) as conn:
+        stored = recorded_topology(conn, "racks")
+    assert stored == load_topology(TWO_RACKS) and stored.rack_uplink.oversubscription == 4
 
 
 def test_model_sensor_follows_the_registry_and_source_files(tmp_path, monkeypatch, instance, user_model_file):

@@ -71,6 +71,8 @@ def test_hierarchical_file_parses_with_levels_and_bandwidths():
     assert topo.bandwidth_gbps(0, 2) == 50 and topo.bandwidth_gbps(1, 0) == 80 and topo.bandwidth_gbps(3, 3) == 64
     assert topo.machines[2].rack == "R1"  # as spelled; racks are matched case-insensitively
     assert parse_topology(topo.to_dict()) == topo
+    racks, pods_ = h.uplink_capacity_gbps()
+    assert racks.tolist() == [50, 25, 25] and pods_.tolist() == [30, 10]  # members * gbps / oversubscription
 
 
 def test_flat_topologies_are_one_rack_and_keep_their_hash():

@@ -161,6 +161,16 @@ class Hierarchy:
     def pod_machines(self) -> np.ndarray:
         return np.bincount(self.machine_pod, minlength=self.num_pods)
 
+    def uplink_capacity_gbps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(per rack, per pod) Gbit/s each uplink carries in all, members * gbps / oversubscription: the
+        capacity of one shared channel per uplink, for flows that cross it at the same time."""
+        if not self.hierarchical:
+            return np.zeros(0), np.zeros(0)
+        rack = self.rack_machines * self.rack_uplink.gbps / self.rack_uplink.oversubscription
+        if self.pod_uplink is None:
+            return rack, np.zeros(0)
+        return rack, self.pod_machines * self.pod_uplink.gbps / self.pod_uplink.oversubscription
+
     def level(self, a, b) -> np.ndarray:
         """The level of each machine pair (arrays broadcast): LEVEL_MACHINE .. LEVEL_CLUSTER, as int8."""
         a, b = np.asarray(a), np.asarray(b)
