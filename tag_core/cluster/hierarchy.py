@@ -109,7 +109,7 @@ def check_hierarchy(machine_racks: list[str | None], racks: tuple[Rack, ...], ra
     pod_uplink.check("uplinks.pod")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compared and hashed by identity; topologies compare by their fields
 class Hierarchy:
     """Index arrays of a topology's racks and pods (read-only), and level queries over machine indices."""
 
