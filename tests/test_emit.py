@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from tag_core.capture import resolve_model
 from tag_core.cli import main
@@ -102,6 +103,21 @@ def test_emitted_graph_imports_and_is_bigger(mlp_allreduce):
     assert graph.get_tensor_by_name("tag/loss:0").dtype == tf.float32
 
 
+@pytest.mark.parametrize("breakage, message", [
+    (lambda node: node.input.append("no_such_op:0"), "no_such_op"),
+    (lambda node: node.attr["T"].__setattr__("type", 999), "DataType"),
+])
+def test_a_graph_that_does_not_import_is_an_emitter_bug(mlp_allreduce, breakage, message):
+    from tag_core.emit.emitter import check_imports
+
+    graph_def = type(mlp_allreduce.emitted.graph_def)()
+    graph_def.CopyFrom(mlp_allreduce.emitted.graph_def)
+    check_imports(graph_def)
+    breakage(next(n for n in graph_def.node if "T" in n.attr and n.input))
+    with pytest.raises(RuntimeError, match=f"does not import into TensorFlow.*{message}"):
+        check_imports(graph_def)
+
+
 def test_write_emission_folder(mlp_allreduce, tmp_path):
     out = write_emission(mlp_allreduce, tmp_path / "out")
     names = {p.name for p in out.iterdir()}
@@ -116,6 +132,8 @@ def test_write_emission_folder(mlp_allreduce, tmp_path):
     assert Strategy.from_dict(plan["strategy"]).options == ["allreduce"]
     assert plan["emission"]["tasks"] == [2, 2]
     assert "tag run" in (out / "README.txt").read_text()
+    readable = text_format.Parse((out / "graph.pbtxt").read_text(), type(mlp_allreduce.emitted.graph_def)())
+    assert readable == mlp_allreduce.emitted.graph_def
     # Existing folder: refused without force, replaced with it; no temporary folders left behind.
     with pytest.raises(TagInputError, match="exists"):
         write_emission(mlp_allreduce, out)

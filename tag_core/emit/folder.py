@@ -25,8 +25,6 @@ def write_emission(emission: Emission, out: str | Path, force: bool = False,
                    prediction: dict[str, Any] | None = None) -> Path:
     """Write the emission folder atomically; an existing `out` needs `force`. `prediction` (the simulated
     step time of the emitted strategy, as `tag emit` makes it) goes into plan.json for `tag run --measure`."""
-    from google.protobuf import text_format
-
     from tag_core.capture.steps import save_step
 
     out = Path(out)
@@ -39,7 +37,8 @@ def write_emission(emission: Emission, out: str | Path, force: bool = False,
     try:
         graph_def = emission.emitted.graph_def
         (work / "graph.pb").write_bytes(graph_def.SerializeToString())
-        (work / "graph.pbtxt").write_text(text_format.MessageToString(graph_def))
+        # str() is protobuf's C text encoder: 5x faster than text_format's Python printer (map keys unsorted).
+        (work / "graph.pbtxt").write_text(str(graph_def))
         (work / "cluster.json").write_text(json.dumps(cluster_json(emission), indent=1))
         _, meta = save_step(emission.reference, work / "reference")
         statistics, partition = batch_statistics(emission), noise_partition(emission)
