@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tag_core.cli import main
-from tag_core.cluster import load_topology, parse_topology, random_topology
+from tag_core.cluster import load_topology, parse_topology, sized_topology
 from tag_core.cluster.hierarchy import LEVEL_CLUSTER, LEVEL_MACHINE, LEVEL_POD, LEVEL_RACK, Uplink
 from tag_core.errors import TagInputError
 
@@ -156,9 +156,9 @@ def test_bad_hierarchical_file_exits_2_with_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("gpus, racks, pods_", [(1, None, None), (13, 2, None), (100, 5, 2), (8192, 16, None)])
 def test_random_of_a_size_has_exactly_that_many_gpus(gpus, racks, pods_):
-    topo = random_topology(4, gpus=gpus, racks=racks, pods=pods_)
+    topo = sized_topology(4, gpus, racks, pods_)
     assert topo.num_devices == gpus and len(topo.gpu_types()) <= 3
-    assert topo == random_topology(4, gpus=gpus, racks=racks, pods=pods_)
+    assert topo == sized_topology(4, gpus, racks, pods_)
     assert not topo.links
     if racks:
         sizes = topo.hierarchy.rack_machines
@@ -169,7 +169,7 @@ def test_random_of_a_size_has_exactly_that_many_gpus(gpus, racks, pods_):
 
 
 def test_big_random_cluster_falls_into_few_machine_kinds():
-    topo = random_topology(0, gpus=8192, racks=16)
+    topo = sized_topology(0, 8192, racks=16)
     kinds = {(m.gpu.name, m.count, m.intra_gbps) for m in topo.machines}
     assert len(topo.gpu_types()) == 3 and len(kinds) <= 4  # 3 types, and a last machine cut short
 
@@ -179,7 +179,7 @@ def test_cli_random_of_a_size(tmp_path, capsys):
     assert main(["topology", "random", "--gpus", "2048", "--racks", "4", "--out", str(out)]) == 0
     assert "2048 devices" in capsys.readouterr().out
     topo = load_topology(out)
-    assert topo == random_topology(0, gpus=2048, racks=4) and topo.hierarchy.num_racks == 4
+    assert topo == sized_topology(0, 2048, racks=4) and topo.hierarchy.num_racks == 4
     assert main(["topology", "validate", str(out)]) == 0
     assert "more machines (--json lists them all)" in capsys.readouterr().out
 

@@ -214,14 +214,14 @@ def test_8192_gpus_in_racks_round_trip_and_answer_without_a_machine_matrix(tmp_p
     model's per-level answers for all 2048 machines come from index arrays, never an M x M matrix."""
     import tracemalloc
 
-    from tag_core.cluster import random_topology
+    from tag_core.cluster import sized_topology
     from tag_core.simulate.comm import CommModel
 
     out = tmp_path / "r8192.json"
     assert main(["topology", "random", "--gpus", "8192", "--racks", "16", "--out", str(out)]) == 0
     capsys.readouterr()
     topo = load_topology(out)
-    assert topo == random_topology(0, gpus=8192, racks=16) and topo.num_devices == 8192
+    assert topo == sized_topology(0, 8192, racks=16) and topo.num_devices == 8192
     assert out.stat().st_size < 400_000  # one line per machine
     comm, every = CommModel(), np.arange(topo.num_machines)
     tracemalloc.start()

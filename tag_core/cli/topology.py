@@ -105,11 +105,13 @@ def _hierarchy_lines(topo) -> list[str]:
 
 
 def run_random(args) -> int:
+    from tag_core.cluster.random_cluster import sized_topology
     from tag_core.cluster.topology import random_topology
 
     if args.out:
         output_file(args.out, "--out")
-    topo = random_topology(args.seed, gpus=args.gpus, racks=args.racks, pods=args.pods, types=args.types)
+    sized = args.gpus is not None or args.racks is not None or args.pods is not None or args.types != 3
+    topo = sized_topology(args.seed, args.gpus, args.racks, args.pods, args.types) if sized else random_topology(args.seed)
     # Thousands of machines: one line each keeps the file readable and small.
     text = json.dumps(topo.to_dict(), indent=2) + "\n" if topo.num_machines <= 64 else _compact(topo.to_dict())
     if args.out:

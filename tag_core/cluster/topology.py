@@ -281,19 +281,14 @@ RANDOM_INTRA_GBPS = (64.0, 160.0)
 RANDOM_INTER_GBPS = (20.0, 50.0)
 
 
-def random_topology(seed: int, gpus: int | None = None, racks: int | None = None, pods: int | None = None,
-                    types: int = 3) -> Topology:
-    """A cluster from the TAG paper's distribution, deterministic for `seed`; with `gpus` (and optionally
-    `racks`, `pods`), one of exactly that many GPUs drawn by `random_cluster.sized_topology`.
+def random_topology(seed: int) -> Topology:
+    """A cluster from the TAG paper's distribution, deterministic for `seed` (clusters of a given size, in
+    racks: `random_cluster.sized_topology`).
 
     1-6 machines; 3 GPU types drawn from RANDOM_GPU_POOL per call, one type per machine;
     1-8 GPUs per machine; intra 64-160 Gbps per machine; inter 20-50 Gbps, and each
     machine pair gets its own 20-50 Gbps link with probability 1/2 so links are uneven.
     """
-    if gpus is not None or racks is not None or pods is not None or types != 3:
-        from .random_cluster import sized_topology
-
-        return sized_topology(seed, gpus, racks, pods, types)
     rng = random.Random(f"tag-topology-{seed}")  # str seed: stable across Python versions
     types = rng.sample(RANDOM_GPU_POOL, 3)
     n = rng.randint(*RANDOM_MACHINES)
