@@ -96,7 +96,8 @@ def test_the_example_validates_on_the_command_line(capsys):
     out = capsys.readouterr().out
     assert "2 racks, 2 machines per rack" in out and "oversubscription 4:1, 20 µs" in out
     assert main(["topology", "validate", str(TWO_RACKS), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["topology"]["uplinks"]["rack"]["gbps"] == 100
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["topology"]["uplinks"]["rack"]["gbps"] == 100 and (summary["num_racks"], summary["num_pods"]) == (2, 1)
 
 
 BAD = {

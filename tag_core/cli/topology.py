@@ -44,6 +44,7 @@ def summary(topo) -> dict:
         "num_machines": len(topo.machines),
         "num_devices": topo.num_devices,
         "gpu_types": topo.gpu_types(),
+        **({"num_racks": topo.hierarchy.num_racks, "num_pods": topo.hierarchy.num_pods} if topo.racks else {}),
         "topology": topo.to_dict(),
     }
 
