@@ -179,7 +179,8 @@ class Topology:
             raise TagInputError("machine", f"unknown machine {name!r}; known: {', '.join(m.name for m in self.machines)}") from None
 
     def bandwidth_gbps(self, machine_a: int, machine_b: int) -> float:
-        """Gbit/s between two machines (by index): intra if the same, else the link override or inter."""
+        """Gbit/s between two machines (by index): intra if the same, else the link override or inter; across
+        racks the uplinks' lone-flow figure (`pair_gbps`, vectorised)."""
         if machine_a == machine_b:
             return float(self.machines[machine_a].intra_gbps)
         if self.racks and self.hierarchy.level(machine_a, machine_b) > LEVEL_RACK:
