@@ -371,6 +371,7 @@ def test_distributed_graph_asset_emits_the_latest_plan_and_checks_it(tmp_path, m
     assert [c.check_name for c in checks] == [CHECK] and checks[0].passed
     assert checks[0].metadata["ran"].value is True
     assert checks[0].metadata["max_relative_difference"].value <= 1e-4
+    assert checks[0].metadata["graph_rewrites"].value is False  # the check's session ran without grappler
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ def graph_check(emission: Emission, out: Path, config: EmitConfig, context: Asse
         return AssetCheckResult(check_name=CHECK, passed=True,
                                 metadata={"ran": False, "reason": f"not run here: {too_big}"})
     result = run_emitted(out, steps=config.check_steps, check=True, timeout=config.check_timeout_s,
-                         echo=context.log.info)
+                         echo=context.log.info, rewrites=config.check_rewrites)
     metadata = {"ran": True, "steps": len(result.steps), "report": MetadataValue.md("\n".join(
         f"    {line}" for line in result.lines))}
     if result.max_relative_difference is not None:
@@ -45,4 +45,5 @@ def graph_check(emission: Emission, out: Path, config: EmitConfig, context: Asse
         metadata["check_skipped"] = result.check_skipped
     if result.seconds_per_step is not None:
         metadata["seconds_per_step"] = result.seconds_per_step
+        metadata["graph_rewrites"] = config.check_rewrites
     return AssetCheckResult(check_name=CHECK, passed=result.ok, metadata=metadata)

@@ -163,8 +163,11 @@ def server_mode(meta: dict, servers: str = "auto", cluster: str | Path | None = 
 
 def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout: float = 600.0,
                 cluster: str | Path | None = None, task_index: int = 0,
-                echo: Callable[[str], None] | None = None, warmup: int = 0, servers: str = "auto") -> RunResult:
-    """Run `warmup` untimed then `steps` steps of the emitted folder; see the module docstring."""
+                echo: Callable[[str], None] | None = None, warmup: int = 0, servers: str = "auto",
+                rewrites: bool = True) -> RunResult:
+    """Run `warmup` untimed then `steps` steps of the emitted folder; see the module docstring. `rewrites`
+    False runs the distributed session without grappler: much faster to start on big graphs, for checks
+    whose times do not count."""
     folder = Path(folder)
     plan = _check_folder(folder, check)
     meta = plan["emission"]
@@ -178,6 +181,8 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
                "--timeout", str(timeout), "--warmup", str(warmup)]
     if check:
         command.append("--check")
+    if not rewrites:
+        command.append("--rewrites-off")
     if cluster is not None:
         command += ["--cluster", str(cluster), "--task-index", str(task_index)]
     if mode == "pinned":
