@@ -83,7 +83,7 @@ def test_class_action_space_does_not_grow_with_machines(per_class):
 
 def _collapse_case():
     g = train_graph(layers=3)
-    topo = _topo(*[(f"v{i}", V100, 2, 100.0) for i in range(3)], *[(f"t{i}", T4, 4, 60.0) for i in range(2)])
+    topo = _topo(*[(f"v{i}", V100, 2, 100.0) for i in range(3)], *[(f"t{i}", T4, 4, 60.0) for i in range(3)])
     prof = profiles(g, V100)
     return g, topo, prof
 
@@ -94,11 +94,12 @@ def test_class_collapse_matches_every_device_simulated(option, speed_shares):
     g, topo, prof = _collapse_case()
     collapsed, flat = Simulator(g, topo, prof), Simulator(g, topo, prof, collapse=False)
     shares = device_speed(collapsed) if speed_shares else None
-    for mask in (np.ones(5, dtype=bool), class_mask(topo, {0: 2, 1: 1})):
-        s = Strategy.uniform(len(g.ops), 5, topo.num_devices, option, batch_shares=shares, mask=mask)
+    for mask in (np.ones(6, dtype=bool), class_mask(topo, {0: 2, 1: 2})):
+        s = Strategy.uniform(len(g.ops), 6, topo.num_devices, option, batch_shares=shares, mask=mask)
         a, b = collapsed.run(s), flat.run(s)
         assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
         assert np.allclose(a.peak_memory_bytes, b.peak_memory_bytes, rtol=1e-12)
+        assert a.comm_s == pytest.approx(b.comm_s, rel=1e-9)
         if option == "allreduce":
             assert a.simulated_slots < b.simulated_slots == topo.num_devices
 
@@ -118,3 +119,18 @@ def test_identical_machines_listed_or_as_a_class_simulate_the_same():
         assert mask.tolist() == listed.tolist()
         s = Strategy.uniform(len(g.ops), 6, topo.num_devices, "allreduce", mask=mask)
         assert sim.run(s).iteration_time_s == pytest.approx(flat.run(s).iteration_time_s, rel=1e-12)
+
+
+def test_class_collapse_with_groups_placed_apart():
+    """Two op groups on different machine sets (point-to-point traffic between them) and a PS group."""
+    g, topo, prof = _collapse_case()
+    collapsed, flat = Simulator(g, topo, prof), Simulator(g, topo, prof, collapse=False)
+    half = len(g.ops) // 2
+    op_groups = np.array([0] * half + [1] * (len(g.ops) - half))
+    for options in (["allreduce", "ps"], ["ps", "allreduce"], ["model_parallel", "ps"], ["duplicate", "allreduce"]):
+        masks = np.array([np.ones(6, dtype=bool), class_mask(topo, {1: 3, 0: 1})])
+        s = Strategy(op_groups, masks, options, device_speed(collapsed))
+        a, b = collapsed.run(s), flat.run(s)
+        assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
+        assert np.allclose(a.peak_memory_bytes, b.peak_memory_bytes, rtol=1e-12)
+        assert a.comm_s == pytest.approx(b.comm_s, rel=1e-9)

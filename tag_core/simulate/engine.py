@@ -24,36 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .expand import ALLREDUCE, KINDS, SINGLE, SPLIT, Collectives, Placement, Transfers, transfer_durations
+from .slots import Slots, make_slots
 from .strategy import Strategy
-
-
-@dataclass
-class Slots:
-    dev: np.ndarray  # representative device of each slot
-    of_dev: np.ndarray  # slot of each device
-    size: np.ndarray  # devices per slot
-
-
-def make_slots(ctx, p: Placement, t: Transfers) -> Slots:
-    D = ctx.num_devices
-    touched = np.zeros(D, dtype=bool)
-    touched[t.src_dev] = True
-    touched[t.cons_dev] = True
-    touched[p.single_dev[p.single_dev >= 0]] = True
-    if not getattr(ctx, "collapse", True):
-        touched[:] = True
-    # Key per device: its own index when touched, else (GPU type, share in every group); slots are
-    # numbered by first device, vectorised (a Python loop over 8192 devices costs more than the rest).
-    keys = np.column_stack([np.where(touched, np.arange(D), -1).astype(np.float64),
-                            np.where(touched, -1, ctx.dev_gpu_id).astype(np.float64),
-                            np.where(touched[None, :], 0.0, np.round(p.group_share, 12)).T])
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[order] = np.arange(len(first))
-    of_dev = rank[inverse.reshape(-1)]
-    reps = first[order]
-    return Slots(reps.astype(np.int64), of_dev, np.bincount(of_dev, minlength=len(reps)))
 
 
 @dataclass
@@ -74,10 +46,19 @@ class Schedule:
     coll_start: np.ndarray
     coll_end: np.ndarray
     iteration: float
+    transfers: Transfers | None = None  # the transfers simulated (make_slots may drop symmetric machines')
+    tr_weight: np.ndarray | None = None  # per simulated transfer: how many real ones it stands for
+    tr_landing: np.ndarray | None = None  # ... and how many of those land on its consumer's device
 
 
-def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -> Schedule:
-    slots = make_slots(ctx, p, t)
+def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, machines: bool = True) -> Schedule:
+    """`machines`: collapse symmetric machines (slots.py); off for a timeline, which shows every transfer."""
+    slots = make_slots(ctx, p, t, machines)
+    weight = landing = np.ones(len(t.cons_op))
+    if slots.keep is not None:
+        t = Transfers(*(getattr(t, f)[slots.keep] for f in ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes",
+                                                           "channel", "kind")))
+        weight, landing = slots.weight, slots.landing
     S, n = len(slots.dev), ctx.n
     g_of = s.op_groups
     on = p.group_active[g_of][:, slots.dev].T & (p.kind != SINGLE)[None, :]
@@ -215,7 +196,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives) -
     if len(colls):
         iteration = max(iteration, float(coll_end.max()))
     return Schedule(slots, chains, starts, ends, durs, on, cidx, batches, tr_start, tr_end, tr_dur, src_slot,
-                    cons_slot, coll_start, coll_end, iteration)
+                    cons_slot, coll_start, coll_end, iteration, t, weight, landing)
 
 
 def _execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:
@@ -265,7 +246,8 @@ def comm_totals(t: Transfers, sched: Schedule, colls: Collectives) -> dict[str, 
     """Seconds of communication by kind (transfers summed; a collective counted once)."""
     totals = {name: 0.0 for name in KINDS}
     if len(t.kind):
-        sums = np.bincount(t.kind, weights=sched.tr_dur, minlength=len(KINDS))
+        weight = sched.tr_dur if sched.tr_weight is None else sched.tr_dur * sched.tr_weight
+        sums = np.bincount(t.kind, weights=weight, minlength=len(KINDS))
         for i, name in enumerate(KINDS):
             totals[name] += float(sums[i])
     if len(colls):

@@ -198,11 +198,10 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
             edges = edges[~data]
             if not len(edges):
                 continue
-        rows = _pattern(ctx, src, dst, bool(b), m)
-        if not rows:
+        r = _pattern(ctx, src, dst, bool(b), m)  # (src_dev, dst_dev, frac, kind)
+        if not len(r):
             continue
-        r = np.array(rows, dtype=np.float64)  # (src_dev, dst_dev, frac, kind)
-        n_e, n_r = len(edges), len(rows)
+        n_e, n_r = len(edges), len(r)
         e_rep = np.repeat(edges, n_r)
         r_til = np.tile(r, (n_e, 1))
         pieces.append((e_rep, r_til))
@@ -275,29 +274,40 @@ def concat_collectives(parts: list[Collectives]) -> Collectives:
     )
 
 
-def _pattern(ctx, src, dst, batch: bool, mode: int) -> list[tuple[int, int, float, int]]:
-    """Rows (src_dev, dst_dev, fraction of the edge's bytes, kind) for one placement pair."""
+def _pattern(ctx, src, dst, batch: bool, mode: int) -> np.ndarray:
+    """Rows (src_dev, dst_dev, fraction of the edge's bytes, kind) for one placement pair, destination-major.
+    Vectorised: a pattern between placements of thousands of devices has as many rows."""
     s_kind, s_devs, s_lo, s_hi, _ = src
     d_kind, d_devs, d_lo, d_hi, _ = dst
-    rows = []
     if mode == PUSH:
-        for d in d_devs.tolist():
-            rows += [(p, d, 1.0, PS_PUSH) for p in s_devs.tolist() if p != d]
-        return rows
-    split_source = s_kind == SPLIT and batch and mode != REDUCED
-    held = set(s_devs.tolist())
-    for i, d in enumerate(d_devs.tolist()):
-        lo, hi = (d_lo[i], d_hi[i]) if (d_kind == SPLIT and batch) else (0.0, 1.0)
-        if split_source:
-            overlap = np.minimum(hi, s_hi) - np.maximum(lo, s_lo)
-            for j in np.flatnonzero(overlap > 1e-12).tolist():
-                p = int(s_devs[j])
-                if p != d:
-                    rows.append((p, d, float(overlap[j]), GATHER if d_kind != SPLIT else P2P))
-        elif d not in held:
-            p = int(s_devs[np.argmax(ctx.dev_bw[d, s_devs])])
-            rows.append((p, d, (hi - lo) if batch else 1.0, P2P))
-    return rows
+        d = np.repeat(d_devs, len(s_devs))
+        p = np.tile(s_devs, len(d_devs))
+        return _rows(p, d, np.ones(len(d)), PS_PUSH, p != d)
+    split_dst = d_kind == SPLIT and batch
+    lo, hi = (d_lo, d_hi) if split_dst else (np.zeros(len(d_devs)), np.ones(len(d_devs)))
+    if s_kind == SPLIT and batch and mode != REDUCED:
+        # Candidate source intervals per destination (widened: interval ends carry rounding), then the exact test.
+        first = np.searchsorted(s_hi, lo - 1e-9, side="left")
+        last = np.searchsorted(s_lo, hi + 1e-9, side="right")
+        n = np.maximum(last - first, 0)
+        i = np.repeat(np.arange(len(d_devs)), n)
+        j = np.repeat(first, n) + np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        overlap = np.minimum(hi[i], s_hi[j]) - np.maximum(lo[i], s_lo[j])
+        p, d = s_devs[j], d_devs[i]
+        return _rows(p, d, overlap, GATHER if d_kind != SPLIT else P2P, (overlap > 1e-12) & (p != d))
+    need = ~np.isin(d_devs, s_devs)
+    d = d_devs[need]
+    if not len(d):
+        return np.zeros((0, 4))
+    # The best-connected holder (first of the fastest), looked up per destination machine.
+    machines, inv = np.unique(ctx.dev_machine[d], return_inverse=True)
+    best = s_devs[np.argmax(ctx.machine_bw[machines][:, ctx.dev_machine[s_devs]], axis=1)][inv.reshape(-1)]
+    frac = (hi - lo)[need] if batch else np.ones(len(d))
+    return _rows(best, d, frac, P2P, np.ones(len(d), dtype=bool))
+
+
+def _rows(p: np.ndarray, d: np.ndarray, frac: np.ndarray, kind: int, keep: np.ndarray) -> np.ndarray:
+    return np.column_stack([p[keep], d[keep], frac[keep], np.full(int(keep.sum()), kind)]).astype(np.float64)
 
 
 def ps_pulls(ctx, p: Placement, s: Strategy) -> Transfers:

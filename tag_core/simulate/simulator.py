@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tag_core.capture.graph import OpGraph
+from tag_core.cluster.classes import machine_class_of
 from tag_core.cluster.topology import Topology
 from tag_core.disjoint_sets import DisjointSets
 
@@ -115,6 +116,9 @@ class Simulator:
         self.dev_channel = DevicePairs(chan, self.dev_machine)
         self.channel_bps = bps
         self.num_channels = len(bps)
+        self.machine_first_device = np.concatenate([[0], np.cumsum([m.count for m in topo.machines])[:-1]]).astype(np.int64)
+        self.machine_class = machine_class_of(topo)
+        self.machine_class_members = [np.flatnonzero(self.machine_class == c) for c in range(int(self.machine_class.max()) + 1)]
         self.channel_latency = np.where(np.arange(len(bps)) < M, self.comm.intra_latency_s, self.comm.inter_latency_s)
 
     def _variable_facts(self, graph: OpGraph) -> None:
@@ -197,8 +201,8 @@ class Simulator:
         moves, edge_colls = edge_transfers(self, p, s, reduced)
         transfers = concat_transfers([moves, ps_pulls(self, p, s)])
         colls = concat_collectives([grad_colls, edge_colls])
-        sched = schedule(self, p, s, transfers, colls)
-        return self._result(s, p, transfers, colls, sched, timeline)
+        sched = schedule(self, p, s, transfers, colls, machines=not timeline)
+        return self._result(s, p, sched.transfers, colls, sched, timeline)
 
     def _result(self, s, p, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
         slots = sched.slots
@@ -264,7 +268,7 @@ class Simulator:
             into = sched.tr_cons_slot == k
             alloc_t.append(sched.tr_start[into])
             free_t.append(end[cidx[t.cons_op[into]]])
-            sizes.append(t.nbytes[into])
+            sizes.append(t.nbytes[into] * sched.tr_landing[into])  # dropped symmetric machines' buffers too
         a, f, b = np.concatenate(alloc_t), np.concatenate(free_t), np.concatenate(sizes)
         # Live bytes just after each allocation: allocated so far minus freed by then.
         a_order = np.argsort(a, kind="stable")

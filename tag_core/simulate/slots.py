@@ -1,0 +1,114 @@
+"""Slots: the devices the engine simulates, one representative per class of devices the strategy treats alike.
+
+Two kinds of symmetry, both exact:
+- devices with no point-to-point traffic and no single-device ops, of one GPU type and with the same batch
+  share in every group, run the same chain at the same times (only collectives touch them);
+- whole machines of one machine class (tag_core/cluster/classes.py) whose traffic goes only to "anchor"
+  machines (those holding single-device ops: parameter servers, model-parallel parts) or stays inside
+  them, with the same shares and the same transfers (ops, bytes, duration, local device, anchor device):
+  each such machine's transfers run on its own machine-pair channels, so every machine of the group sees
+  the same times. One representative machine is simulated; the others' transfers are dropped and
+  counted through `weight` (a PS on 2048 GPUs would otherwise be 2048 slots and ~10⁵ transfers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .expand import Transfers, transfer_durations
+
+
+@dataclass
+class Slots:
+    dev: np.ndarray  # representative device of each slot
+    of_dev: np.ndarray  # slot of each device
+    size: np.ndarray  # devices per slot
+    keep: np.ndarray | None = None  # transfers the engine simulates (None: all)
+    weight: np.ndarray | None = None  # per kept transfer: how many real transfers it stands for
+    landing: np.ndarray | None = None  # per kept transfer: how many of those land on its consumer's device
+
+
+def make_slots(ctx, p, t: Transfers, machines: bool = True) -> Slots:
+    D = ctx.num_devices
+    touched = np.zeros(D, dtype=bool)
+    touched[t.src_dev] = True
+    touched[t.cons_dev] = True
+    touched[p.single_dev[p.single_dev >= 0]] = True
+    if not getattr(ctx, "collapse", True):
+        touched[:] = True
+    eff, keep, weight, landing = np.arange(D), None, None, None
+    if machines and getattr(ctx, "collapse", True) and len(t.cons_op) and getattr(ctx, "machine_class", None) is not None:
+        eff, keep, weight, landing = _machine_collapse(ctx, p, t, touched)
+    # Key per device: its own (or its representative's) index when touched, else (GPU type, share in every
+    # group); slots are numbered by first device, vectorised (a Python loop over 8192 devices costs more).
+    keys = np.column_stack([np.where(touched, eff, -1).astype(np.float64),
+                            np.where(touched, -1, ctx.dev_gpu_id).astype(np.float64),
+                            np.where(touched[None, :], 0.0, np.round(p.group_share, 12)).T])
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[order] = np.arange(len(first))
+    of_dev = rank[inverse.reshape(-1)]
+    reps = first[order].astype(np.int64)
+    return Slots(reps, of_dev, np.bincount(of_dev, minlength=len(reps)), keep, weight, landing)
+
+
+def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
+    """(representative device per device, transfers kept, their weights, landing counts); see the module
+    docstring."""
+    dm, M = ctx.dev_machine, ctx.topology.num_machines
+    src_m, dst_m = dm[t.src_dev], dm[t.cons_dev]
+    anchor = np.zeros(M, dtype=bool)
+    anchor[dm[p.single_dev[p.single_dev >= 0]]] = True
+    # Traffic between two machines neither of which is an anchor pins both: their channel is shared.
+    loose = ~anchor[src_m] & ~anchor[dst_m] & (src_m != dst_m)
+    anchor[src_m[loose]] = anchor[dst_m[loose]] = True
+    start = ctx.machine_first_device
+    local_src, local_dst = t.src_dev - start[src_m], t.cons_dev - start[dst_m]
+    dur = np.round(transfer_durations(ctx, t) * 1e12)
+    # A multiset fingerprint of each machine's transfers: two sums of a per-row hash (order-free).
+    h = np.zeros(M, dtype=np.uint64)
+    h2 = np.zeros(M, dtype=np.uint64)
+    for side, m, mine, other_m, other in ((0, src_m, local_src, dst_m, t.cons_dev), (1, dst_m, local_dst, src_m, t.src_dev)):
+        other_id = np.where(other_m == m, -1 - (other - start[other_m]), other)  # inside: by local index
+        row = _mix(side, mine, other_id, t.src_op, t.cons_op, t.kind, t.nbytes.round(), dur)
+        np.add.at(h, m, row)
+        np.add.at(h2, m, row * row + np.uint64(0x9E3779B97F4A7C15))
+    eff = np.arange(len(dm))
+    rep_of = np.arange(M)
+    for members in ctx.machine_class_members:
+        free = members[~anchor[members]]
+        if len(free) < 2:
+            continue
+        count = int(ctx.topology.machines[int(free[0])].count)
+        devs = start[free][:, None] + np.arange(count)[None, :]  # (machines, count)
+        feats = np.column_stack([h[free].view(np.int64).astype(np.float64), h2[free].view(np.int64).astype(np.float64),
+                                 touched[devs].astype(np.float64),
+                                 np.round(p.group_share[:, devs], 12).transpose(1, 0, 2).reshape(len(free), -1)])
+        _, first, inverse = np.unique(feats, axis=0, return_index=True, return_inverse=True)
+        rep = free[first[inverse.reshape(-1)]]
+        rep_of[free] = rep
+        eff[devs] = (start[rep][:, None] + np.arange(count)[None, :])
+    if (rep_of == np.arange(M)).all():
+        return eff, None, None, None
+    represented = np.bincount(rep_of, minlength=M)
+    keep = (rep_of[src_m] == src_m) & (rep_of[dst_m] == dst_m)
+    weight = np.where(anchor[src_m], represented[dst_m], represented[src_m]).astype(np.float64)[keep]
+    # An anchor's device receives the dropped machines' transfers too (their buffers count in its memory).
+    landing = np.where(anchor[dst_m], represented[src_m], 1).astype(np.float64)[keep]
+    return eff, keep, weight, landing
+
+
+def _mix(*cols) -> np.ndarray:
+    """A 64-bit hash per row of the columns (wrapping multiply-xor)."""
+    out = np.full(len(cols[-1]), 0xCBF29CE484222325, dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
+    with np.errstate(over="ignore"):
+        for c in cols:
+            v = np.asarray(c)
+            v = (v.astype(np.int64) if v.dtype.kind == "f" else v).astype(np.uint64) if np.ndim(v) else np.uint64(v)
+            out = (out ^ v) * prime
+            out ^= out >> np.uint64(29)
+    return out
