@@ -32,6 +32,7 @@ from .expand import (
     ps_pulls,
 )
 from .feeds import client_cost_s
+from .memory import flatten, op_times, slot_peaks
 from .result import SimResult, Timeline
 from .strategy import Strategy
 
@@ -207,19 +208,10 @@ class Simulator:
     def _result(self, s, p, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
         slots = sched.slots
         S, T = len(slots.dev), sched.iteration
-        peak = np.zeros(S)
         busy = np.array([float(d.sum()) for d in sched.dur])
-        op_start = np.full(self.n, np.inf)
-        op_end = np.zeros(self.n)
-        op_idle = np.zeros(self.n)
-        for k in range(S):
-            ops, st, en = sched.chains[k], sched.start[k], sched.end[k]
-            np.minimum.at(op_start, ops, st)
-            np.maximum.at(op_end, ops, en)
-            gap = np.append(st[1:], T) - en
-            np.maximum.at(op_idle, ops, gap)
-            peak[k] = self._peak_memory(k, s, p, t, sched)
-        op_start[np.isinf(op_start)] = 0.0
+        flat = flatten(sched)
+        op_start, op_end, op_idle = op_times(self.n, flat, T)
+        peak = slot_peaks(self, sched, flat)
         G = s.num_groups
         g_start = np.full(G, np.inf)
         g_end = np.zeros(G)
@@ -247,36 +239,6 @@ class Simulator:
             simulated_slots=S,
             timeline=self._timeline(t, colls, sched) if want_timeline else None,
         )
-
-    def _peak_memory(self, k: int, s: Strategy, p, t, sched: Schedule) -> float:
-        """Variables held + the peak of live activations under the simulated schedule."""
-        on = sched.on[k]
-        held = np.bincount(self.var_inc_var[on[self.var_inc_op]], minlength=self.num_vars) > 0
-        static = float(self.var_bytes[held].sum())
-        ops, start, end = sched.chains[k], sched.start[k], sched.end[k]
-        if len(ops) == 0:
-            return static
-        size = self.act_bytes[ops] * np.where(self.batch_scaled[ops], sched.batch[k] / self.batch, 1.0)
-        free = end.copy()
-        cidx = sched.cidx[k]
-        local = on[self.e_src] & on[self.e_dst]
-        np.maximum.at(free, cidx[self.e_src[local]], end[cidx[self.e_dst[local]]])
-        alloc_t, free_t, sizes = [start], [free], [size]
-        if len(t.cons_op):
-            out = (sched.tr_src_slot == k) & (t.src_op >= 0)
-            np.maximum.at(free, cidx[t.src_op[out]], sched.tr_end[out])
-            into = sched.tr_cons_slot == k
-            alloc_t.append(sched.tr_start[into])
-            free_t.append(end[cidx[t.cons_op[into]]])
-            sizes.append(t.nbytes[into] * sched.tr_landing[into])  # dropped symmetric machines' buffers too
-        a, f, b = np.concatenate(alloc_t), np.concatenate(free_t), np.concatenate(sizes)
-        # Live bytes just after each allocation: allocated so far minus freed by then.
-        a_order = np.argsort(a, kind="stable")
-        a_sorted, cum_alloc = a[a_order], np.cumsum(b[a_order])
-        f_order = np.argsort(f, kind="stable")
-        cum_free = np.concatenate([[0.0], np.cumsum(b[f_order])])
-        freed = cum_free[np.searchsorted(f[f_order], a_sorted, side="right")]
-        return static + float(max((cum_alloc - freed).max(), 0.0))
 
     def _timeline(self, t, colls, sched: Schedule) -> Timeline:
         slots = sched.slots

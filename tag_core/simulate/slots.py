@@ -62,9 +62,15 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
     src_m, dst_m = dm[t.src_dev], dm[t.cons_dev]
     anchor = np.zeros(M, dtype=bool)
     anchor[dm[p.single_dev[p.single_dev >= 0]]] = True
-    # Traffic between two machines neither of which is an anchor pins both: their channel is shared.
+    # Traffic between two machines neither of which is an anchor: a machine with several such partners
+    # (a hub, e.g. one machine feeding a group on all the others) becomes an anchor; then pairs left pin both.
     loose = ~anchor[src_m] & ~anchor[dst_m] & (src_m != dst_m)
-    anchor[src_m[loose]] = anchor[dst_m[loose]] = True
+    if loose.any():
+        pairs = np.unique(np.column_stack([np.minimum(src_m, dst_m), np.maximum(src_m, dst_m)])[loose], axis=0)
+        partners = np.bincount(pairs.ravel(), minlength=M)
+        anchor[partners > 1] = True
+        loose = ~anchor[src_m] & ~anchor[dst_m] & (src_m != dst_m)
+        anchor[src_m[loose]] = anchor[dst_m[loose]] = True
     start = ctx.machine_first_device
     local_src, local_dst = t.src_dev - start[src_m], t.cons_dev - start[dst_m]
     dur = np.round(transfer_durations(ctx, t) * 1e12)
