@@ -1,11 +1,18 @@
-"""How long capture and profiling take here, per zoo model, with peak RSS.
+"""How long capture and profiling take here, per zoo model, and their peak memory.
 
-Each model runs in its own process (so peak RSS is that model's alone):
-`tag capture MODEL` then `tag profile MODEL --batch-sizes ... --runs ...`.
-Writes benchmarks/capture_profile.json and benchmarks/capture_profile.md.
-The profiles stay in $TAG_HOME (default .tag-bench) for the other benchmarks.
+Per model: `tag capture MODEL` then `tag profile MODEL --batch-sizes ... --runs ...`, each a process of its own
+whose process tree (the `tag` process and every child it starts) is sampled from /proc every 50 ms:
 
-    python benchmarks/capture_profile.py [--models vgg19,...] [--batch-sizes 2,4] [--runs 5]
+- parent peak: the `tag` process's own high-water mark (VmHWM);
+- largest child peak: the largest VmHWM of any process it started (capture child, tracing child, profiler);
+- tree peak: the largest sum of the current RSS of all of them at one sample, what the machine must hold.
+
+Writes benchmarks/capture_profile.json and benchmarks/capture_profile.md. The profiles stay in $TAG_HOME
+(default .tag-bench) for the other benchmarks.
+
+    python benchmarks/capture_profile.py [--models vgg19,...] [--batch-sizes 2,4] [--runs 5] [--root DIR]
+
+`--root` runs another checkout's tag_core (a baseline); `--out` names the output files' stem.
 """
 
 from __future__ import annotations
@@ -16,68 +23,157 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TAG = str(Path(sys.executable).parent / "tag")
+MIB = 2**20
+BUDGET_MIB = 4096  # issue 21: capture and profile of every zoo model within 4 GiB
+MODELS = "vgg19,resnet101,inception_v3,mobilenet_v2,transformer,bert_base,mlp,small_cnn"
+
+
+def _status(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of `pid` in bytes; (0, 0) once it is gone."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return rss, hwm
+
+
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            for child in map(int, children):
+                found.append(child)
+                stack.append(child)
+    return found
+
+
+def run_sampled(command: list[str], env: dict, cwd: str | None = None, every_s: float = 0.05) -> dict:
+    """Run `command`, sampling its process tree; its wall time, output and peaks (module docstring) in MiB."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent_peak, child_peaks, tree_peak = 0, {}, 0
+    import threading
+
+    out: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda name=name, stream=stream: out.__setitem__(name, stream.read()))
+               for name, stream in (("stdout", process.stdout), ("stderr", process.stderr))]
+    for reader in readers:
+        reader.start()
+    while process.poll() is None:
+        rss, hwm = _status(process.pid)
+        parent_peak, tree = max(parent_peak, hwm), rss
+        for child in _descendants(process.pid):
+            child_rss, child_hwm = _status(child)
+            child_peaks[child] = max(child_peaks.get(child, 0), child_hwm)
+            tree += child_rss
+        tree_peak = max(tree_peak, tree)
+        time.sleep(every_s)
+    wall = time.perf_counter() - start
+    for reader in readers:
+        reader.join()
+    return {"returncode": process.returncode, "wall_s": wall, "stdout": out.get("stdout", ""),
+            "stderr": out.get("stderr", ""), "parent_peak_mib": parent_peak / MIB,
+            "child_peak_mib": max(child_peaks.values(), default=0) / MIB, "children": len(child_peaks),
+            "tree_peak_mib": tree_peak / MIB}
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="vgg19,resnet101,inception_v3,mobilenet_v2,transformer,bert_base,mlp,small_cnn")
+    parser.add_argument("--models", default=MODELS)
     parser.add_argument("--batch-sizes", default="2,4")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--root", help="checkout whose tag_core runs (default: this one)")
+    parser.add_argument("--out", default=str(HERE / "capture_profile"), help="output stem (.json and .md)")
     args = parser.parse_args()
-    env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(HERE.parent / ".tag-bench"))}
+    root = Path(args.root).resolve() if args.root else HERE.parent
+    env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(HERE.parent / ".tag-bench")),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    tag = [sys.executable, "-m", "tag_core.cli"]
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
     results = []
     for model in args.models.split(","):
-        # One wrapper process per model so each gets its own RSS high-water mark.
-        code = (
-            "import json,resource,subprocess,sys,time;"
-            "t=time.perf_counter();c=subprocess.run(sys.argv[1:4]+['--json'],capture_output=True,text=True);"
-            "a=time.perf_counter()-t;r1=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss;"
-            "t=time.perf_counter();p=subprocess.run(sys.argv[4:],capture_output=True,text=True);"
-            "b=time.perf_counter()-t;r2=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss;"
-            "assert c.returncode==0 and p.returncode==0,(c.stderr[-1500:],p.stderr[-1500:]);"
-            "print(json.dumps({'capture_s':a,'profile_s':b,'capture_rss_mib':r1/1024,'profile_rss_mib':r2/1024,"
-            "'summary':json.loads(c.stdout)}))"
-        )
-        command = [sys.executable, "-c", code, TAG, "capture", model,
-                   TAG, "profile", model, "--batch-sizes", args.batch_sizes, "--runs", str(args.runs)]
-        print(f"{model} ...", file=sys.stderr, flush=True)
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(f"{model} failed:\n{result.stderr[-3000:]}")
-        row = json.loads(result.stdout.strip().splitlines()[-1])
-        summary = row.pop("summary")
-        row.update(model=model, ops=summary["ops"], parameters=summary["parameters"],
-                   batch_size=summary["batch_size"])
+        print(f"{model} ... (load {_load()})", file=sys.stderr, flush=True)
+        load_before = _load()
+        captured = run_sampled([*tag, "capture", model, "--json"], env, cwd=str(root))
+        if captured["returncode"] != 0:
+            raise SystemExit(f"{model}: capture failed:\n{captured['stderr'][-3000:]}")
+        profiled = run_sampled([*tag, "profile", model, "--batch-sizes", args.batch_sizes, "--runs", str(args.runs)],
+                               env, cwd=str(root))
+        if profiled["returncode"] != 0:
+            raise SystemExit(f"{model}: profile failed:\n{profiled['stderr'][-3000:]}")
+        summary = json.loads(captured["stdout"])
+        row = {"model": model, "batch_size": summary["batch_size"], "ops": summary["ops"],
+               "parameters": summary["parameters"], "load_before": load_before, "load_after": _load()}
+        for phase, measured in (("capture", captured), ("profile", profiled)):
+            row.update({f"{phase}_s": measured["wall_s"], f"{phase}_parent_mib": measured["parent_peak_mib"],
+                        f"{phase}_child_mib": measured["child_peak_mib"], f"{phase}_tree_mib": measured["tree_peak_mib"],
+                        f"{phase}_children": measured["children"]})
+        row["peak_mib"] = max(row["capture_tree_mib"], row["profile_tree_mib"])
         results.append(row)
         print(f"  {row}", file=sys.stderr, flush=True)
+        write(args, commit, results)  # after each model: a long run that stops keeps what it measured
+
+
+def write(args, commit: str, results: list[dict]) -> None:
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "commit": commit,
         "profile_batch_sizes": args.batch_sizes,
         "runs": args.runs,
+        "budget_mib": BUDGET_MIB,
         "results": results,
     }
-    (HERE / "capture_profile.json").write_text(json.dumps(report, indent=2))
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
-        "# Capture and profiling time per zoo model",
+        "# Capture and profiling per zoo model: wall time and peak memory",
         "",
-        f"Measured with `python benchmarks/capture_profile.py` on this machine ({report['machine']}).",
-        f"Capture: `tag capture MODEL` at the model's default batch size (traced twice, at B and B+1).",
-        f"Profile: `tag profile MODEL --batch-sizes {args.batch_sizes} --runs {args.runs}` (2 warm-up runs each, "
-        "full tracing, inter-op parallelism 1). Wall times include starting Python and importing TF (~3 s).",
+        f"Measured with `python benchmarks/capture_profile.py --batch-sizes {args.batch_sizes} --runs {args.runs}` "
+        f"at commit {commit} on this machine ({report['machine']}), shared with other jobs (load averages below).",
+        "Capture: `tag capture MODEL` at the model's default size and batch (traced at B and B+1).",
+        f"Profile: `tag profile MODEL --batch-sizes {args.batch_sizes} --runs {args.runs}` (2 warm-up runs each). "
+        "Wall times include starting Python and importing TF in each process, and other jobs' load.",
         "",
-        "| model | batch | ops | parameters | capture s | capture peak RSS MiB | profile s | profile peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "Peak RSS in MiB, sampled from /proc every 50 ms: *parent* is the `tag` process's own high-water mark, "
+        "*child* the largest of the processes it started, *tree* the largest sum of all of them at one moment. "
+        f"The budget (issue 21) is {BUDGET_MIB} MiB.",
+        "",
+        "| model | batch | ops | parameters | capture s | capture parent / child / tree | profile s "
+        "| profile parent / child / tree | peak tree | load 1/5/15 min |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['model']} | {r['batch_size']} | {r['ops']:,} | {r['parameters']:,} | {r['capture_s']:.1f} | "
-            f"{r['capture_rss_mib']:.0f} | {r['profile_s']:.1f} | {r['profile_rss_mib']:.0f} |"
+            f"{r['capture_parent_mib']:.0f} / {r['capture_child_mib']:.0f} / {r['capture_tree_mib']:.0f} | "
+            f"{r['profile_s']:.1f} | {r['profile_parent_mib']:.0f} / {r['profile_child_mib']:.0f} / "
+            f"{r['profile_tree_mib']:.0f} | {r['peak_mib']:.0f} | {r['load_after']} |"
         )
-    (HERE / "capture_profile.md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

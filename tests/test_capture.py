@@ -100,3 +100,47 @@ def test_big_models_trace_other_batch_sizes_in_a_child_process(tag_home):
     assert str(files[4]) == store.captured_model(conn, spec.name)["step_file"]
     child = load_step(files[3])
     assert child.batch_size == 3 and [v.name for v in child.variables] == [v.name for v in graph.variables]
+
+
+def test_capture_runs_in_a_child_and_hands_back_the_same_graph(tag_home, monkeypatch):
+    """The parent never builds the model (its Keras memory would stay with it): the child's OpGraph, handed
+    back as JSON records, equals the one captured in this process."""
+    from tag_core.capture import graph as graph_module
+    from tag_core.capture import steps
+
+    spec = resolve_model("mlp[features=6,hidden=4]", batch_size=4)
+    here = capture(spec).graph
+
+    def no_capture_here(*args, **kwargs):
+        raise AssertionError("captured in the parent process")
+
+    monkeypatch.setattr(steps, "capture", no_capture_here)
+    monkeypatch.setattr(graph_module, "capture", no_capture_here)
+    conn = store.connect()
+    graph = capture_model(conn, spec, batches=[3])
+    assert steps.in_child(spec)
+    assert graph == here and graph.content_hash() == here.content_hash()
+    assert load_op_graph(conn, spec.name) == here
+    record = store.captured_model(conn, spec.name)
+    assert load_step(record["step_file"]).batch_size == 4
+    assert load_step(steps.capture_folder(spec.name) / "step_b3.json").batch_size == 3  # the same build traced it
+
+
+def test_a_hand_built_spec_is_captured_in_this_process(tag_home):
+    from tag_core.capture import steps
+
+    spec = resolve_model("mlp[features=6,hidden=4]", batch_size=4)
+    spec.name = "my_mlp"  # no reference a child could resolve
+    assert not steps.in_child(spec)
+    assert capture_model(store.connect(), spec).model == "my_mlp"
+
+
+def test_the_op_graph_json_round_trip_keeps_tuples(mlp_capture):
+    import json
+
+    from tag_core.capture.graph import op_graph_from_json, op_graph_to_json
+
+    graph = mlp_capture.graph
+    again = op_graph_from_json(json.loads(json.dumps(op_graph_to_json(graph))))
+    assert again == graph and again.content_hash() == graph.content_hash()
+    assert all(isinstance(v.shape, tuple) for v in again.variables)

@@ -139,6 +139,27 @@ def records(items) -> list[dict]:
     return [asdict(item) for item in items]
 
 
+def op_graph_to_json(graph: OpGraph) -> dict:
+    """`graph` as JSON-ready data: the records the store saves (tag_core.store.graphs), for a child process's
+    capture to hand back without pickles."""
+    return {"model": graph.model, "batch_size": graph.batch_size, "ops": records(graph.ops),
+            "edges": records(graph.edges), "variables": records(graph.variables)}
+
+
+def op_graph_from_json(data: dict) -> OpGraph:
+    """The OpGraph `op_graph_to_json` wrote; tuples come back as tuples, unknown keys are refused."""
+    def build(cls, row: dict):
+        names = {f.name for f in fields(cls)}
+        if not set(row) <= names:
+            raise ValueError(f"{cls.__name__} record has unknown fields {sorted(set(row) - names)}")
+        return cls(**row)
+
+    ops = [build(Op, {**row, "other_variables": tuple(row.get("other_variables", ()))}) for row in data["ops"]]
+    edges = [build(Edge, row) for row in data["edges"]]
+    variables = [build(Variable, {**row, "shape": tuple(row["shape"])}) for row in data["variables"]]
+    return OpGraph(model=data["model"], batch_size=data["batch_size"], ops=ops, edges=edges, variables=variables)
+
+
 def build_op_graph(step: TracedStep, bigger: TracedStep) -> OpGraph:
     """Simplify `step` into an OpGraph; `bigger` is the same step traced at another batch size."""
     nodes = [n for n in step.graph_def.node if not n.name.startswith(INIT_SCOPE + "/")]

@@ -3,6 +3,11 @@
 `capture_model` traces a model, writes its runnable GraphDef and step metadata
 under `$TAG_HOME/captures/<model>/`, and stores the OpGraph in DuckDB in one
 transaction. Later stages read these instead of tracing again.
+
+Tracing runs in a child process (`python -m tag_core.capture`) whenever the spec
+can be made again there from its reference: Keras and TF keep the model's and
+optimizer's memory after the model is gone (2.3 GB for vgg19), so only the end
+of a process gives it back. The child hands the OpGraph back as JSON records.
 """
 
 from __future__ import annotations
@@ -13,17 +18,19 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from tag_core import store
+from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
 
-from .graph import Edge, Op, OpGraph, Variable, capture, records
-from .load_check import child_error
+from .graph import Edge, Op, OpGraph, Variable, capture, op_graph_from_json, records
+from .load_check import CHILD_START_S, child_error
 from .models import model_source_hash
 from .models.spec import ModelSpec
-from .time_limit import ENV, model_timeout
+from .time_limit import ENV, LONGEST_S, model_timeout
 from .trace import TracedStep, TracedVariable
 
 
@@ -79,15 +86,74 @@ def capture_folder(model: str) -> Path:
     return (store.tag_home() / "captures" / model_slug(model)).resolve()
 
 
-def capture_model(conn, spec: ModelSpec) -> OpGraph:
-    """Trace `spec`, write its step files, and store its OpGraph. Returns the OpGraph."""
-    captured = capture(spec)
+def capture_model(conn, spec: ModelSpec, batches: list[int] = ()) -> OpGraph:
+    """Trace `spec`, write its step files (and those of `batches`, from the same build), and store its
+    OpGraph. Returns the OpGraph. In a child process when the spec can be made there (see `in_child`)."""
     folder = capture_folder(spec.name)
+    if in_child(spec):
+        result = _run_child(spec, folder, list(batches), capture=True)
+        graph = op_graph_from_json(result["graph"])
+    else:
+        result = capture_here(spec, folder, list(batches))
+        graph = result["graph"]
+    save_op_graph(conn, graph, result["source_hash"], result["graph_file"], result["step_file"])
+    return graph
+
+
+def in_child(spec: ModelSpec) -> bool:
+    """Whether a child process can make `spec` again: resolve_model made it and it kept its reference's name
+    (a hand-built spec, whose builder is a Python object, is traced here)."""
+    return spec.reference is not None and spec.reference == spec.name
+
+
+def capture_here(spec: ModelSpec, folder: Path, batches: list[int]) -> dict:
+    """Capture `spec` in this process: {graph (an OpGraph), source_hash, graph_file, step_file}; the steps
+    of `batches` are traced with the same build and written too."""
+    captured = capture(spec)
     for stale in folder.glob("step_b*"):  # steps of an older version of the model
         stale.unlink()
     graph_file, meta_file = save_step(captured.step, folder)
-    save_op_graph(conn, captured.graph, model_source_hash(spec), str(graph_file), str(meta_file))
-    return captured.graph
+    others = [b for b in dict.fromkeys(batches) if b != captured.step.batch_size]
+    if others:
+        from .trace import trace_step
+
+        keras_objects = (captured.step.keras_model, captured.step.keras_optimizer)
+        for batch in others:
+            save_step(trace_step(spec, batch, keras_objects), folder)
+    return {"graph": captured.graph, "source_hash": model_source_hash(spec), "graph_file": str(graph_file),
+            "step_file": str(meta_file)}
+
+
+def _run_child(spec: ModelSpec, folder: Path, batches: list[int], capture: bool) -> dict:
+    """Run `python -m tag_core.capture` on `spec`; what it captured ({} when only tracing). Its input errors
+    (timeouts included: it runs the model's code under the limits of its own main thread) come back as
+    TagInputErrors; a hang its limits cannot cut (in C code) is killed at a generous backstop."""
+    timeout = model_timeout(spec.timeout)
+    # Build, two traces and each further batch under the limit, plus TF's start-up and the graph's analysis.
+    backstop = min((3 + len(batches)) * timeout + 5 * CHILD_START_S, LONGEST_S)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds tag_core
+    env = {**os.environ, ENV: repr(timeout), "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    what = "capturing" if capture else "tracing"
+    with tempfile.TemporaryDirectory(prefix="tag-capture-") as work:
+        graph_out = Path(work) / "graph.json"
+        job = {"model": spec.reference, "batch_size": spec.batch_size, "timeout": timeout, "folder": str(folder),
+               "batches": batches, "graph_out": str(graph_out) if capture else None}
+        job_file = Path(work) / "job.json"
+        job_file.write_text(json.dumps(job))
+        try:
+            result = subprocess.run([sys.executable, "-m", "tag_core.capture", str(job_file)], capture_output=True,
+                                    text=True, env=env, timeout=backstop)
+        except subprocess.TimeoutExpired:  # run() killed it
+            raise TagInputError("model", f"{what} {spec.name} in a child process did not finish within "
+                                         f"{backstop:g} s (model timeout {timeout:g} s)") from None
+        if result.returncode != 0:
+            error = child_error(result.stderr)
+            if error is not None:
+                raise error
+            raise RuntimeError(f"{what} {spec.name} in a child process failed (exit {result.returncode}):\n"
+                               f"{result.stderr[-3000:]}")
+        return json.loads(graph_out.read_text()) if capture else {}
 
 
 def save_op_graph(conn, graph: OpGraph, source_hash: str | None, graph_file: str | None, step_file: str | None) -> None:
@@ -105,8 +171,9 @@ def load_op_graph(conn, model: str) -> OpGraph:
                    edges=[Edge(*row) for row in edges], variables=[Variable(*row) for row in variables])
 
 
-def ensure_captured(conn, spec: ModelSpec) -> OpGraph:
-    """The stored OpGraph, captured anew when missing, stale (model source changed) or at another batch size."""
+def ensure_captured(conn, spec: ModelSpec, batches: list[int] = ()) -> OpGraph:
+    """The stored OpGraph, captured anew when missing, stale (model source changed) or at another batch size;
+    a new capture also traces the steps of `batches` (see `capture_model`)."""
     record = store.captured_model(conn, spec.name)
     fresh = (
         record is not None
@@ -117,36 +184,30 @@ def ensure_captured(conn, spec: ModelSpec) -> OpGraph:
     )
     if fresh:
         return load_op_graph(conn, spec.name)
-    return capture_model(conn, spec)
+    return capture_model(conn, spec, batches)
 
 
-# Above this much variable state (model + optimizer), trace in a child process.
+# Above this much variable state (model + optimizer), trace in a child process even when TF is loaded here.
 CHILD_TRACE_BYTES = 256 * 2**20
 
 
 def ensure_step_files(spec: ModelSpec, batch_sizes: list[int], state_bytes: int = 0) -> dict[int, Path]:
     """Step metadata files for each batch size, tracing the missing ones.
 
-    Tracing needs the Keras model and optimizer state in memory (1.7 GB for
-    VGG19). For big models (`state_bytes` over CHILD_TRACE_BYTES) a child
-    process traces, and gives all of it back before anything runs; small
-    models trace in this process and skip a second TF start-up.
+    Tracing needs the Keras model and optimizer state in memory (1.7 GB for VGG19), which only the end of a
+    process gives back. A child process traces unless the spec cannot be made there (`in_child`) or the model
+    is small (`state_bytes` up to CHILD_TRACE_BYTES) and TF is loaded here already (no second start-up).
     """
     folder = capture_folder(spec.name)
     files = {batch: folder / f"step_b{batch}.json" for batch in batch_sizes}
     missing = [batch for batch, path in files.items() if not path.exists()]
-    if missing and state_bytes <= CHILD_TRACE_BYTES:
+    if not missing:
+        return files
+    small_here = state_bytes <= CHILD_TRACE_BYTES and "tensorflow" in sys.modules
+    if in_child(spec) and not small_here:
+        _run_child(spec, folder, missing, capture=False)
+    else:
         trace_batches(spec, missing, folder)
-    elif missing:
-        command = [sys.executable, "-m", "tag_core.capture", spec.name, str(spec.batch_size), str(folder),
-                   ",".join(map(str, missing))]
-        env = {**os.environ, ENV: repr(model_timeout(spec.timeout))}  # the child loads under this one's limit
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
-            error = child_error(result.stderr)
-            if error is not None:
-                raise error
-            raise RuntimeError(f"tracing {spec.name} failed:\n{result.stderr[-3000:]}")
     return files
 
 

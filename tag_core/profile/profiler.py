@@ -39,7 +39,7 @@ import pandas as pd
 
 from tag_core import store
 from tag_core.capture.models.spec import ModelSpec
-from tag_core.capture.steps import ensure_captured, ensure_step_files
+from tag_core.capture.steps import CHILD_TRACE_BYTES, ensure_captured, ensure_step_files
 from tag_core.capture.trace import INIT_SCOPE, TracedStep
 from tag_core.errors import TagInputError
 
@@ -68,7 +68,10 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
         if variable.initial is not None:
             value = np.asarray(variable.initial, dtype=dtype).reshape(variable.shape)
         elif variable.owner == "model" and dtype.kind == "f":
-            value = (rng.standard_normal(variable.shape, dtype=np.float32) * 0.05).astype(dtype)
+            # In place: vgg19's largest kernel is 411 MB, and each temporary copy of it is as large.
+            value = rng.standard_normal(variable.shape, dtype=np.float32)
+            value *= 0.05
+            value = value.astype(dtype, copy=False)
         else:
             value = np.zeros(variable.shape, dtype=dtype)
         session.run(f"{INIT_SCOPE}/assign_{i}", feed_dict={f"{INIT_SCOPE}/value_{i}:0": value})
@@ -110,8 +113,9 @@ def runtime_cores(threads: int | None) -> list[int] | None:
     return cores[:threads]
 
 
-def _run_child(job: dict, progress=None) -> list[dict]:
-    """Run tag_core.profile.timing on `job`; its records, or RuntimeError with the end of its stderr."""
+def _run_child(job: dict, progress=None) -> tuple[list[dict], dict]:
+    """Run tag_core.profile.timing on `job`: (its records, its start event: device type, TF version), or
+    RuntimeError with the end of its stderr."""
     with tempfile.TemporaryDirectory(prefix="tag-profile-") as work:
         job = {**job, "out": str(Path(work) / "runs.jsonl")}
         job_file = Path(work) / "job.json"
@@ -126,14 +130,17 @@ def _run_child(job: dict, progress=None) -> list[dict]:
 
         reader = threading.Thread(target=lambda: [tail.append(line.rstrip()) for line in child.stderr], daemon=True)
         reader.start()
+        started = {}
         for line in child.stdout:
             if line.startswith('{"event": "run"') and progress is not None:
                 progress.update(1)
+            elif line.startswith('{"event": "start"'):
+                started = json.loads(line)
         code = child.wait()
         reader.join(timeout=5)
         if code != 0:
             raise RuntimeError(f"profiling failed (exit {code}):\n" + "\n".join(tail))
-        return [json.loads(line) for line in Path(job["out"]).read_text().splitlines() if line]
+        return [json.loads(line) for line in Path(job["out"]).read_text().splitlines() if line], started
 
 
 def profile_model(
@@ -145,8 +152,8 @@ def profile_model(
     show_progress: bool = True,
     threads: int | None = RUNTIME_THREADS,
 ) -> pd.DataFrame:
-    """Profile every op of `spec` at each batch size; store the rows (and the steps) and return the rows."""
-    import tensorflow as tf
+    """Profile every op of `spec` at each batch size; store the rows (and the steps) and return the rows.
+    TF runs only in child processes (capture, tracing, timing): this one never holds a model's memory."""
     from tqdm import tqdm
 
     if not batch_sizes or any(not isinstance(b, int) or b <= 0 for b in batch_sizes):
@@ -157,17 +164,24 @@ def profile_model(
         raise TagInputError("warmup", f"must be a non-negative integer, got {warmup!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 0):
         raise TagInputError("threads", f"must be a non-negative integer or None, got {threads!r}")
-    graph = ensure_captured(conn, spec)
+    graph = ensure_captured(conn, spec, batch_sizes)  # a new capture traces the batch sizes too
     op_names = [op.name for op in graph.ops]
-    device_type = detect_device_type()
-    host, version = socket.gethostname(), tf.__version__
-    step_files = ensure_step_files(spec, batch_sizes, sum(v.bytes for v in graph.variables))
+    host = socket.gethostname()
+    state_bytes = sum(v.bytes for v in graph.variables)
+    step_files = ensure_step_files(spec, batch_sizes, state_bytes)
     inputs = [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype, "max_value": i.max_value}
               for i in [*spec.inputs, spec.label]]
-    job = {"steps": [(b, str(step_files[b])) for b in batch_sizes], "op_names": op_names, "inputs": inputs,
-           "runs": runs, "warmup": warmup, "threads": threads or 0, "cores": runtime_cores(threads)}
+    # A session's memory does not come back for the next one in the same process (vgg19: 3.7 GB at batch 2,
+    # 5.1 GB after batches 2 and 4): a big model gets a child per batch size, a small one saves the start-ups.
+    groups = [[b] for b in batch_sizes] if state_bytes > CHILD_TRACE_BYTES else [list(batch_sizes)]
+    records = []
     with tqdm(total=len(batch_sizes) * runs, desc=f"profile {spec.name}", unit="run", disable=not show_progress) as bar:
-        records = _run_child(job, bar)
+        for group in groups:
+            job = {"steps": [(b, str(step_files[b])) for b in group], "op_names": op_names, "inputs": inputs,
+                   "runs": runs, "warmup": warmup, "threads": threads or 0, "cores": runtime_cores(threads)}
+            done, started = _run_child(job, bar)
+            records.extend(done)
+    device_type, version = started["device_type"], started["tf_version"]
     now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
     frames, steps = [], []
     for r in records:

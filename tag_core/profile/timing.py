@@ -181,8 +181,12 @@ def main(argv: list[str]) -> int:
     options = tf.compat.v1.RunOptions(trace_level=level)
     # A GPU runs its kernels while the host dispatches the next: there host time is not added to kernel time.
     job["dispatch"] = not gpu
+    from .profiler import detect_device_type
+
+    # The profiler's own process does not start TF: the device type and TF's version come from here.
     print(json.dumps({"event": "start", "trace_level": "full" if gpu else "software", "gpu": gpu,
-                      "cores": sorted(os.sched_getaffinity(0)), "threads": job["threads"]}), flush=True)
+                      "cores": sorted(os.sched_getaffinity(0)), "threads": job["threads"],
+                      "device_type": detect_device_type(), "tf_version": tf.__version__}), flush=True)
     with open(job["out"], "w") as out:
         for batch, meta_file in job["steps"]:
             profile_batch(tf, job, int(batch), meta_file, out, options)

@@ -76,6 +76,7 @@ def resolve_model(reference: str, batch_size: int | None = None, timeout: float 
     else:
         spec = _zoo_model(reference)
     spec.timeout = timeout
+    spec.reference = reference
     if batch_size is not None:
         spec.batch_size = batch_size
     if spec.batch_size <= 0:

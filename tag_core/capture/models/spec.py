@@ -32,6 +32,8 @@ class ModelSpec:
     options: dict[str, Any] = field(default_factory=dict)
     # Seconds building and tracing may take (time_limit.py); resolve_model sets it, None: the default.
     timeout: float | None = field(default=None, compare=False)
+    # The reference resolve_model made it from: a child process can make the same spec again from it.
+    reference: str | None = field(default=None, compare=False)
 
     def make_optimizer(self):
         import keras
