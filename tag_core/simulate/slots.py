@@ -20,6 +20,9 @@ import numpy as np
 from .expand import Transfers, transfer_durations
 
 
+MAX_COVER_ROUNDS = 32  # greedy rounds of pinning machines; what is left after them is pinned whole
+
+
 @dataclass
 class Slots:
     dev: np.ndarray  # representative device of each slot
@@ -62,15 +65,19 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
     src_m, dst_m = dm[t.src_dev], dm[t.cons_dev]
     anchor = np.zeros(M, dtype=bool)
     anchor[dm[p.single_dev[p.single_dev >= 0]]] = True
-    # Traffic between two machines neither of which is an anchor: a machine with several such partners
-    # (a hub, e.g. one machine feeding a group on all the others) becomes an anchor; then pairs left pin both.
+    # Traffic between two machines neither of which is an anchor: pin a small set of machines that covers
+    # every such pair (greedy, the machines with the most partners first: one machine feeding a group on all
+    # the others, or a few machines feeding a group on many), so the many on the other side still collapse.
     loose = ~anchor[src_m] & ~anchor[dst_m] & (src_m != dst_m)
     if loose.any():
         pairs = np.unique(np.column_stack([np.minimum(src_m, dst_m), np.maximum(src_m, dst_m)])[loose], axis=0)
-        partners = np.bincount(pairs.ravel(), minlength=M)
-        anchor[partners > 1] = True
-        loose = ~anchor[src_m] & ~anchor[dst_m] & (src_m != dst_m)
-        anchor[src_m[loose]] = anchor[dst_m[loose]] = True
+        for _ in range(MAX_COVER_ROUNDS):
+            partners = np.bincount(pairs.ravel(), minlength=M)
+            anchor[partners == partners.max()] = True
+            pairs = pairs[~anchor[pairs[:, 0]] & ~anchor[pairs[:, 1]]]
+            if not len(pairs):
+                break
+        anchor[pairs.ravel()] = True
     start = ctx.machine_first_device
     local_src, local_dst = t.src_dev - start[src_m], t.cons_dev - start[dst_m]
     dur = np.round(transfer_durations(ctx, t) * 1e12)
