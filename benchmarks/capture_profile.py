@@ -11,8 +11,11 @@ Writes benchmarks/capture_profile.json and benchmarks/capture_profile.md. The pr
 (default .tag-bench) for the other benchmarks.
 
     python benchmarks/capture_profile.py [--models vgg19,...] [--batch-sizes 2,4] [--runs 5] [--root DIR]
+        [--out STEM] [--before OLD.json] [--render RUN.json]
 
-`--root` runs another checkout's tag_core (a baseline); `--out` names the output files' stem.
+`--root` runs another checkout's tag_core (a baseline, e.g. `git archive` of an older commit); `--out` names
+the output files' stem; `--before` adds a before/after table from an earlier run's .json; `--render` writes
+the files again from a run's .json without measuring.
 """
 
 from __future__ import annotations
@@ -107,7 +110,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--root", help="checkout whose tag_core runs (default: this one)")
     parser.add_argument("--out", default=str(HERE / "capture_profile"), help="output stem (.json and .md)")
+    parser.add_argument("--before", help="an earlier run's .json (e.g. of --root at an older commit) to compare with")
+    parser.add_argument("--render", help="write the .md (and .json) again from this run's .json, measuring nothing")
     args = parser.parse_args()
+    if args.render:
+        report = json.loads(Path(args.render).read_text())
+        args.batch_sizes, args.runs = report["profile_batch_sizes"], report["runs"]
+        write(args, report["commit"], report["results"])
+        return
     root = Path(args.root).resolve() if args.root else HERE.parent
     env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(HERE.parent / ".tag-bench")),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
@@ -173,6 +183,26 @@ def write(args, commit: str, results: list[dict]) -> None:
             f"{r['profile_s']:.1f} | {r['profile_parent_mib']:.0f} / {r['profile_child_mib']:.0f} / "
             f"{r['profile_tree_mib']:.0f} | {r['peak_mib']:.0f} | {r['load_after']} |"
         )
+    if args.before:
+        before = json.loads(Path(args.before).read_text())
+        now = {r["model"]: r for r in results}
+        lines += [
+            "",
+            f"Before and after: the same measurement at commit {before['commit']} (capture in the `tag` process, "
+            f"profiling children for batch sizes {before['profile_batch_sizes']} in one process), from "
+            f"`{Path(args.before).name}`. Peak tree RSS in MiB, the larger of capture's and profile's:",
+            "",
+            "| model | before: capture parent / child / tree | before: profile parent / child / tree | before peak "
+            "| after peak |",
+            "|---|---|---|---|---|",
+        ]
+        for r in before["results"]:
+            after = f"{now[r['model']]['peak_mib']:.0f}" if r["model"] in now else "–"
+            lines.append(
+                f"| {r['model']} | {r['capture_parent_mib']:.0f} / {r['capture_child_mib']:.0f} / "
+                f"{r['capture_tree_mib']:.0f} | {r['profile_parent_mib']:.0f} / {r['profile_child_mib']:.0f} / "
+                f"{r['profile_tree_mib']:.0f} | {r['peak_mib']:.0f} | {after} |"
+            )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
