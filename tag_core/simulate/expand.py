@@ -179,7 +179,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     if not cross.any() and not (mode == PUSH).any():
         return _empty_transfers(), _no_collectives()
     uniq, inverse = np.unique(key, return_inverse=True)
-    pieces, gathered = [], []
+    pieces, gathered, resharded = [], [], []
     for u_i, u in enumerate(uniq.tolist()):
         m = u % 3
         b = (u // 3) % 2
@@ -198,6 +198,9 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
             edges = edges[~data]
             if not len(edges):
                 continue
+        if is_large(src, dst, bool(b), m):  # thousands of pieces: one unit per tensor (reshard.py)
+            resharded.append(reshard_units(ctx, edges, src, dst))
+            continue
         r = _pattern(ctx, src, dst, bool(b), m)  # (src_dev, dst_dev, frac, kind)
         if not len(r):
             continue
@@ -205,7 +208,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         e_rep = np.repeat(edges, n_r)
         r_til = np.tile(r, (n_e, 1))
         pieces.append((e_rep, r_til))
-    colls = _edge_collectives(ctx, gathered)
+    colls = concat_collectives([_edge_collectives(ctx, gathered), *resharded])
     if not pieces:
         return _empty_transfers(), colls
     e_idx = np.concatenate([e for e, _ in pieces])
@@ -418,3 +421,6 @@ def concat_transfers(parts: list[Transfers]) -> Transfers:
 
 def transfer_durations(ctx, t: Transfers) -> np.ndarray:
     return ctx.channel_latency[t.channel] + t.nbytes / ctx.channel_bps[t.channel]
+
+
+from .reshard import is_large, reshard_units  # noqa: E402  (reshard.py builds on this module's types)

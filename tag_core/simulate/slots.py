@@ -19,7 +19,6 @@ import numpy as np
 
 from .expand import Transfers, transfer_durations
 
-
 MAX_COVER_ROUNDS = 32  # greedy rounds of pinning machines; what is left after them is pinned whole
 
 
