@@ -134,3 +134,46 @@ def test_class_collapse_with_groups_placed_apart():
         assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
         assert np.allclose(a.peak_memory_bytes, b.peak_memory_bytes, rtol=1e-12)
         assert a.comm_s == pytest.approx(b.comm_s, rel=1e-9)
+
+
+def test_a_plan_on_many_machines_names_the_same_concrete_machines_every_time():
+    """Beyond PER_MACHINE_UP_TO machines the planner's masks are class-level; the plan it returns names
+    concrete machines, the first k of each class, and the same ones on every run."""
+    from tag_core.cluster.classes import machine_classes
+    from tag_core.plan.planner import plan
+    from tag_core.search.mcts import Budget
+
+    g = train_graph(layers=3)
+    topo = _topo(*[(f"v{i}", V100, 2, 100.0) for i in range(10)], *[(f"t{i}", T4, 2, 60.0) for i in range(10)])
+    prof = profiles(g, V100)
+    runs = [plan(g, topo, prof, budget=Budget(iterations=12), sfb=False) for _ in range(2)]
+    assert runs[0].strategy.to_dict() == runs[1].strategy.to_dict()
+    classes = machine_classes(topo)
+    choices = {class_mask(topo, {c: k}, classes).tobytes() for c in range(len(classes))
+               for k in range(1, classes[c].size + 1)}
+    space = runs[0].evaluator.space
+    for mask, name in zip(space.masks, space.mask_names):
+        if "x" in name and "#" in name:  # "k of class c": a prefix of the class's machines
+            assert mask.tobytes() in choices
+    assert runs[0].strategy.extra["machines"] == [m.name for m in topo.machines]
+
+
+def test_a_large_re_slicing_is_one_unit_per_tensor_close_to_its_pieces(monkeypatch):
+    """Split over 70 devices, wanted whole on 70 others (4900 pieces per edge): one gather unit per tensor
+    costed by its busiest machine pair, near what the pieces one by one give."""
+    import tag_core.simulate.reshard as reshard
+
+    g = train_graph(layers=2)
+    topo = _topo(*[(f"m{i}", V100, 1, 100.0) for i in range(100)])
+    prof = profiles(g, V100)
+    n = len(g.ops)
+    first = np.zeros(100, dtype=bool)
+    first[:70] = True
+    s = Strategy((np.arange(n) > n // 2).astype(int), np.array([first, first[::-1]]), ["allreduce", "duplicate"],
+                 np.ones(100))
+    units = Simulator(g, topo, prof).run(s)
+    monkeypatch.setattr(reshard, "MAX_P2P_ROWS", 10**9)
+    pieces = Simulator(g, topo, prof).run(s)
+    assert units.comm_s["gather"] > 0 and pieces.comm_s["gather"] > 0
+    assert units.simulated_slots < pieces.simulated_slots
+    assert 0.5 < units.iteration_time_s / pieces.iteration_time_s < 2.0
