@@ -82,7 +82,7 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     when = np.concatenate([a, f])
     is_alloc = np.concatenate([np.ones(m, dtype=bool), np.zeros(m, dtype=bool)])
     where = np.concatenate([sl, sl])
-    order = np.lexsort((np.concatenate([np.arange(m), np.arange(m)]), is_alloc, when, where))
+    order = np.lexsort((is_alloc, when, where))  # stable: allocations at one instant keep their order
     amount = np.concatenate([b, -b])[order]
     where, is_alloc = where[order], is_alloc[order]
     # Live bytes per slot: a cumulative sum restarted at each slot's first event (exact within a slot).

@@ -45,10 +45,9 @@ def make_slots(ctx, p, t: Transfers, machines: bool = True) -> Slots:
         eff, keep, weight, landing = _machine_collapse(ctx, p, t, touched)
     # Key per device: its own (or its representative's) index when touched, else (GPU type, share in every
     # group); slots are numbered by first device, vectorised (a Python loop over 8192 devices costs more).
-    keys = np.column_stack([np.where(touched, eff, -1).astype(np.float64),
-                            np.where(touched, -1, ctx.dev_gpu_id).astype(np.float64),
-                            np.where(touched[None, :], 0.0, np.round(p.group_share, 12)).T])
-    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    share = np.where(touched[None, :], 0.0, np.round(p.group_share, 12))
+    key = _mix(np.where(touched, eff, -1), np.where(touched, -1, ctx.dev_gpu_id), *share)  # 64-bit row hash
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     rank = np.empty(len(first), dtype=np.int64)
     rank[order] = np.arange(len(first))
@@ -96,10 +95,9 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
             continue
         count = int(ctx.topology.machines[int(free[0])].count)
         devs = start[free][:, None] + np.arange(count)[None, :]  # (machines, count)
-        feats = np.column_stack([h[free].view(np.int64).astype(np.float64), h2[free].view(np.int64).astype(np.float64),
-                                 touched[devs].astype(np.float64),
-                                 np.round(p.group_share[:, devs], 12).transpose(1, 0, 2).reshape(len(free), -1)])
-        _, first, inverse = np.unique(feats, axis=0, return_index=True, return_inverse=True)
+        shares = np.round(p.group_share[:, devs], 12).transpose(1, 0, 2).reshape(len(free), -1)
+        key = _mix(h[free], h2[free], *touched[devs].T, *shares.T)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         rep = free[first[inverse.reshape(-1)]]
         rep_of[free] = rep
         eff[devs] = (start[rep][:, None] + np.arange(count)[None, :])
@@ -114,13 +112,19 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
 
 
 def _mix(*cols) -> np.ndarray:
-    """A 64-bit hash per row of the columns (wrapping multiply-xor)."""
-    out = np.full(len(cols[-1]), 0xCBF29CE484222325, dtype=np.uint64)
+    """A 64-bit hash per row of the columns (wrapping multiply-xor; floats by their bits)."""
+    n = next(len(c) for c in cols if np.ndim(c))
+    out = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)
     prime = np.uint64(0x100000001B3)
     with np.errstate(over="ignore"):
         for c in cols:
             v = np.asarray(c)
-            v = (v.astype(np.int64) if v.dtype.kind == "f" else v).astype(np.uint64) if np.ndim(v) else np.uint64(v)
+            if v.dtype.kind == "f":
+                v = (v + 0.0).view(np.uint64)  # + 0.0: -0.0 and 0.0 hash alike
+            elif v.dtype.kind == "b":
+                v = v.astype(np.uint64)
+            else:
+                v = v.astype(np.int64).view(np.uint64) if v.dtype != np.uint64 else v
             out = (out ^ v) * prime
             out ^= out >> np.uint64(29)
     return out
