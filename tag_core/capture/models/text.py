@@ -117,6 +117,11 @@ def bert_base(
 
 
 def _logits_loss():
-    import keras
+    """Sparse categorical cross-entropy over logits, made when the step is traced: a spec that imported Keras
+    would load TF (0.6 GB) into processes that only resolve it (`tag capture`, `tag profile`)."""
+    def loss(labels, outputs):
+        import keras
 
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, outputs)
+
+    return loss
