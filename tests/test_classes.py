@@ -173,6 +173,7 @@ def test_a_large_re_slicing_is_one_unit_per_tensor_close_to_its_pieces(monkeypat
                  np.ones(100))
     units = Simulator(g, topo, prof).run(s)
     monkeypatch.setattr(reshard, "MAX_P2P_ROWS", 10**9)
+    monkeypatch.setattr(reshard, "MAX_UNIT_ROWS", 10**9)
     pieces = Simulator(g, topo, prof).run(s)
     assert units.comm_s["gather"] > 0 and pieces.comm_s["gather"] > 0
     assert units.simulated_slots < pieces.simulated_slots

@@ -204,6 +204,9 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         r = _pattern(ctx, src, dst, bool(b), m)  # (src_dev, dst_dev, frac, kind)
         if not len(r):
             continue
+        if len(r) > _reshard.MAX_UNIT_ROWS and m != PUSH:  # thousands of pieces: one unit per tensor
+            resharded.append(_reshard.rows_units(ctx, edges, r))
+            continue
         n_e, n_r = len(edges), len(r)
         e_rep = np.repeat(edges, n_r)
         r_til = np.tile(r, (n_e, 1))
@@ -423,4 +426,5 @@ def transfer_durations(ctx, t: Transfers) -> np.ndarray:
     return ctx.channel_latency[t.channel] + t.nbytes / ctx.channel_bps[t.channel]
 
 
+from . import reshard as _reshard  # noqa: E402
 from .reshard import is_large, reshard_units  # noqa: E402  (reshard.py builds on this module's types)

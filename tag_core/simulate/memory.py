@@ -59,7 +59,7 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     rows, cols = np.nonzero(on[:, ctx.var_inc_op])
     held = np.zeros((S, ctx.num_vars), dtype=bool)
     held[rows, ctx.var_inc_var[cols]] = True
-    static = np.array([float(ctx.var_bytes[h].sum()) for h in held])
+    static = held @ ctx.var_bytes
     ops = flat.ops
     size = ctx.act_bytes[ops] * np.where(ctx.batch_scaled[ops], flat.batch / ctx.batch, 1.0)
     free = flat.end.copy()
@@ -85,12 +85,11 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     order = np.lexsort((is_alloc, when, where))  # stable: allocations at one instant keep their order
     amount = np.concatenate([b, -b])[order]
     where, is_alloc = where[order], is_alloc[order]
-    # Live bytes per slot: a cumulative sum restarted at each slot's first event (exact within a slot).
+    # Live bytes per slot: one cumulative sum, less its value before each slot's first event.
+    running = np.cumsum(amount)
     first = np.searchsorted(where, np.arange(S))
-    live = np.empty(len(amount))
-    for k in range(S):
-        lo, hi = first[k], first[k + 1] if k + 1 < S else len(amount)
-        np.cumsum(amount[lo:hi], out=live[lo:hi])
+    before = np.where(first > 0, running[np.maximum(first - 1, 0)], 0.0)
+    live = running - before[where]
     peak = np.zeros(S)
     np.maximum.at(peak, where[is_alloc], live[is_alloc])
     empty = flat.lens == 0

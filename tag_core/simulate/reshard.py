@@ -5,8 +5,9 @@ point-to-point pieces, one per overlapping (source, destination) device pair. Be
 thousands of devices that is millions of pieces per step (a whole-batch copy on 5000 GPUs gathering from
 2000), more than a planner can simulate thousands of times. Beyond MAX_P2P_ROWS pieces per edge the move
 is one unit per tensor instead: the pieces between two machines share their channel and go one after the
-other, channels run in parallel, so the unit takes as long as its busiest machine pair. Small topologies
-(testbed, cloud: at most a few hundred pieces) keep the exact point-to-point model.
+other, channels run in parallel, so the unit takes as long as its busiest machine pair. Likewise any move
+of more than MAX_UNIT_ROWS pieces (`rows_units`). Small topologies (testbed, cloud: at most 32 GPUs, so at
+most 992 pieces per edge) keep the exact point-to-point model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 
 from .expand import GATHER, NORMAL, P2P, SPLIT, Collectives
 
-MAX_P2P_ROWS = 4096  # pieces per edge beyond which a re-slicing becomes one unit per tensor
+MAX_P2P_ROWS = 4096  # (source, destination) device pairs per edge beyond which a re-slicing is one unit per tensor
+MAX_UNIT_ROWS = 1024  # pieces per edge beyond which any move but a PS push is one unit per tensor (rows_units)
 
 
 def is_large(src, dst, batch: bool, mode: int) -> bool:
@@ -57,3 +59,22 @@ def reshard_units(ctx, edges: np.ndarray, src, dst) -> Collectives:
     devs = np.union1d(s_devs, d_devs)
     return Collectives(np.full(U, GATHER if whole else P2P), nbytes, duration, [()] * U, [devs] * U, tensors,
                        np.arange(U), ctx.e_dst[edges], unit_of_edge)
+
+
+def rows_units(ctx, edges: np.ndarray, rows: np.ndarray) -> Collectives:
+    """The pieces `rows` (src_dev, dst_dev, fraction, kind) of every edge in `edges` as one unit per tensor:
+    pieces on one channel go one after the other, channels in parallel (a fetch of a replicated tensor by
+    thousands of devices, whose holders differ by rack, would otherwise be thousands of slots)."""
+    tensors, unit_of_edge = np.unique(ctx.e_src[edges], return_inverse=True)
+    nbytes = np.zeros(len(tensors))
+    np.maximum.at(nbytes, unit_of_edge, ctx.e_bytes[edges])
+    src, dst = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
+    channels, inv = np.unique(ctx.dev_channel[src, dst], return_inverse=True)
+    inv = inv.reshape(-1)
+    lat = np.bincount(inv, weights=ctx.channel_latency[channels][inv], minlength=len(channels))
+    per_byte = np.bincount(inv, weights=rows[:, 2] / ctx.channel_bps[channels][inv], minlength=len(channels))
+    duration = (lat[None, :] + nbytes[:, None] * per_byte[None, :]).max(axis=1)
+    U = len(tensors)
+    devs = np.union1d(src, dst)
+    return Collectives(np.full(U, int(rows[0, 3])), nbytes, duration, [()] * U, [devs] * U, tensors, np.arange(U),
+                       ctx.e_dst[edges], unit_of_edge)
