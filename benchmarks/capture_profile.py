@@ -116,7 +116,8 @@ def main() -> None:
     if args.render:
         report = json.loads(Path(args.render).read_text())
         args.batch_sizes, args.runs = report["profile_batch_sizes"], report["runs"]
-        write(args, report["commit"], report["results"])
+        write(args, report["commit"], report["results"],
+              {k: report[k] for k in ("not_measured", "notes") if k in report})
         return
     root = Path(args.root).resolve() if args.root else HERE.parent
     env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(HERE.parent / ".tag-bench")),
@@ -148,7 +149,9 @@ def main() -> None:
         write(args, commit, results)  # after each model: a long run that stops keeps what it measured
 
 
-def write(args, commit: str, results: list[dict]) -> None:
+def write(args, commit: str, results: list[dict], extra: dict | None = None) -> None:
+    """The .json and .md; `extra` may hold `not_measured` (models) and `notes` (paragraphs for the .md)."""
+    extra = extra or {}
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "commit": commit,
@@ -156,6 +159,7 @@ def write(args, commit: str, results: list[dict]) -> None:
         "runs": args.runs,
         "budget_mib": BUDGET_MIB,
         "results": results,
+        **extra,
     }
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
@@ -172,17 +176,29 @@ def write(args, commit: str, results: list[dict]) -> None:
         "*child* the largest of the processes it started, *tree* the largest sum of all of them at one moment. "
         f"The budget (issue 21) is {BUDGET_MIB} MiB.",
         "",
+        "Where it goes: `tag capture` builds and traces the model in a child process (`python -m tag_core.capture`) "
+        "and gets the OpGraph back as JSON records, so the parent holds only Python, pandas and DuckDB. "
+        "`tag profile` starts no TF itself: a child traces the missing batch sizes, then the profiling child "
+        "(`tag_core.profile.timing`, one per batch size for models with over 256 MiB of variable state) runs "
+        "the training step, whose own memory (parameters, Adam's two slots, gradients, activations and "
+        "TF's ~0.7 GB of libraries) sets the peak.",
+        "",
         "| model | batch | ops | parameters | capture s | capture parent / child / tree | profile s "
-        "| profile parent / child / tree | peak tree | load 1/5/15 min |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| profile parent / child / tree | peak tree | within budget | load 1/5/15 min | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['model']} | {r['batch_size']} | {r['ops']:,} | {r['parameters']:,} | {r['capture_s']:.1f} | "
             f"{r['capture_parent_mib']:.0f} / {r['capture_child_mib']:.0f} / {r['capture_tree_mib']:.0f} | "
             f"{r['profile_s']:.1f} | {r['profile_parent_mib']:.0f} / {r['profile_child_mib']:.0f} / "
-            f"{r['profile_tree_mib']:.0f} | {r['peak_mib']:.0f} | {r['load_after']} |"
+            f"{r['profile_tree_mib']:.0f} | {r['peak_mib']:.0f} | {'yes' if r['peak_mib'] <= BUDGET_MIB else 'no'} "
+            f"| {r['load_after']} | {r.get('commit', commit)} |"
         )
+    if extra.get("not_measured"):
+        lines += ["", f"Not measured in this run: {', '.join(extra['not_measured'])}."]
+    for note in extra.get("notes", []):
+        lines += ["", note]
     if args.before:
         before = json.loads(Path(args.before).read_text())
         now = {r["model"]: r for r in results}
