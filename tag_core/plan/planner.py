@@ -76,7 +76,8 @@ BASELINE_NAMES = ("dp-nccl", "dp-nccl-p", "horovod")
 # Source files whose behaviour a plan depends on: their hash is the plan's code version.
 _CODE_FILES = ("plan/planner.py", "search/mcts.py", "search/mcmc.py", "simulate/simulator.py", "simulate/engine.py",
                "simulate/expand.py", "simulate/cost.py", "simulate/strategy.py", "search/grouping.py",
-               "search/baselines.py", "sfb/milp.py", "simulate/comm.py")
+               "search/baselines.py", "sfb/milp.py", "simulate/comm.py", "search/space.py", "simulate/slots.py",
+               "simulate/memory.py", "simulate/reshard.py", "cluster/classes.py")
 
 
 def code_version() -> str:

@@ -18,6 +18,11 @@ Masks stay few so that the tree stays shallow-wide rather than exponential:
   - the k fastest machines (by summed device speed) for k = 2 .. M-1, k thinned
     geometrically when M is large;
   - any extra mask a warm-start plan used.
+Beyond PER_MACHINE_UP_TO (16) machines the masks are over machine classes instead
+(tag_core/cluster/classes.py, `ActionSpace.by_class`): k machines of a class for
+k = 1, n^(1/3), n^(2/3), n (the MAX_SINGLES fastest classes), each GPU type, the j fastest
+classes whole, and the k fastest machines; a class's k machines are its first k, packed by
+rack. So the space, and the tree's width, grow with the kinds of machine, not the machines.
 A model-parallel action splits the group's ops over the mask's devices with METIS
 (`Evaluator._split`, the largest part on the fastest device). Duplicates are dropped: testbed.json (7 machines, 3 types) gets 15 masks, 60 actions;
 cloud.json (6 machines, 2 types) 12 masks, 48 actions.

@@ -1,8 +1,9 @@
 """The strategy space the planners search, and scoring strategies with the simulator.
 
 An action is (placement mask over machines, option); a plan is one action per op group.
-`ActionSpace` lists the masks (see mcts.py for which and why), `Evaluator` turns action
-vectors into Strategies and simulates each distinct one once.
+`ActionSpace` lists the masks (see mcts.py for which and why: one bit per machine up to 16
+machines, "k machines of class c" beyond), `Evaluator` turns action vectors into Strategies
+and simulates each distinct one once (its cache is keyed by the class-level action vector).
 """
 
 from __future__ import annotations
