@@ -178,3 +178,27 @@ def test_a_large_re_slicing_is_one_unit_per_tensor_close_to_its_pieces(monkeypat
     assert units.comm_s["gather"] > 0 and pieces.comm_s["gather"] > 0
     assert units.simulated_slots < pieces.simulated_slots
     assert 0.5 < units.iteration_time_s / pieces.iteration_time_s < 2.0
+
+
+def test_an_all_reduce_across_oversubscribed_racks_costs_more():
+    """On racks, gradient all-reduce goes by the tiers of CommModel.allreduce_tiers: a 4x oversubscribed
+    uplink makes the all-machines plan slower; a plan inside one rack does not cross it."""
+    from tag_core.cluster.hierarchy import Rack, Uplink
+
+    g = train_graph(layers=2)
+    prof = profiles(g, V100)
+
+    def racked(oversubscription: float) -> Topology:
+        machines = tuple(Machine(f"m{i}", lookup_gpu(V100), 2, 100.0, rack=f"r{i // 4}") for i in range(8))
+        return Topology("two-racks", machines, inter_gbps=25.0, racks=(Rack("r0"), Rack("r1")),
+                        rack_uplink=Uplink(25.0, oversubscription))
+
+    times = {}
+    for o in (1.0, 4.0):
+        topo = racked(o)
+        sim = Simulator(g, topo, prof)
+        everywhere = Strategy.uniform(len(g.ops), 8, 16, "allreduce")
+        one_rack = Strategy.uniform(len(g.ops), 8, 16, "allreduce", mask=np.arange(8) < 4)
+        times[o] = (sim.run(everywhere).iteration_time_s, sim.run(one_rack).iteration_time_s)
+    assert times[4.0][0] > times[1.0][0]
+    assert times[4.0][1] == pytest.approx(times[1.0][1], rel=1e-12)

@@ -378,7 +378,7 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
             devs = np.flatnonzero(p.group_active[g])
             per_group[g] = (devs, *_allreduce_shape(ctx, devs))
             mine = unit_group == g
-            durations[mine] = ctx.comm.allreduce(nbytes[mine], *per_group[g][1:4])
+            durations[mine] = ctx.comm.allreduce(nbytes[mine], *per_group[g][1:4], **_tiers(ctx, devs))
         channels.append(per_group[g][4])
         devices.append(per_group[g][0])
     var_unit = np.full(len(gops), -1, dtype=np.int64)
@@ -400,6 +400,14 @@ def _allreduce_shape(ctx, devs: np.ndarray):
         inter = min(float(ctx.machine_bw[a, b]) for a, b in ring)
         channels += sorted({int(ctx.dev_channel_m[a, b]) for a, b in ring})
     return counts.tolist(), intra, inter, tuple(channels)
+
+
+def _tiers(ctx, devs: np.ndarray) -> dict:
+    """On a topology with racks, the all-reduce's rings inside racks, across racks and pods, with shared
+    uplinks (CommModel.allreduce_tiers); flat topologies keep the two-level ring."""
+    if not getattr(ctx.topology, "racks", ()):
+        return {}
+    return {"tiers": ctx.comm.allreduce_tiers(ctx.topology, np.unique(ctx.dev_machine[devs]))}
 
 
 def _no_collectives() -> Collectives:
