@@ -69,8 +69,9 @@ def main() -> int:
     results: dict = json.loads(out.read_text()) if out.exists() and args.key != "parallel" else {}
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "load_at_start": os.getloadavg()[0]}
-    print("default (2 partitions at once):", flush=True)
-    results[args.key] = [run_demo([]) for _ in range(args.runs)]
+    print("default (2 partitions at once):" if args.runs else "", flush=True)
+    if args.runs:  # --runs 0 keeps the recorded default runs (to add the one-at-a-time run alone)
+        results[args.key] = [run_demo([]) for _ in range(args.runs)]
     if not args.skip_serial:
         print("one partition at a time:", flush=True)
         results["serial" if args.key == "parallel" else f"{args.key}_serial"] = [run_demo(["--workers", "1"])]
@@ -107,7 +108,11 @@ def markdown(results: dict) -> str:
     for name, run in results.get("executors", {}).items():
         lines.append(f"| mlp on testbed, one partition at a time, `--executor {name}`, fusion untuned | 1 | "
                      f"{run['wall_s']:.0f} | |")
-    lines += ["", f"Largest process: {results.get('peak_rss_mb', '?')} MB peak RSS.", "",
+    lines += ["", f"Largest process: {results.get('peak_rss_mb', '?')} MB peak RSS (the most of every run recorded here).",
+              "", "The load averages above are the last invocation's. The rows of `make demo` as shipped ran last "
+              "(`--key final`, then `--runs 0 --key final` for the one-at-a-time row); the fusion-tuned and executor "
+              "rows ran on older code under load averages of 2.5 to 7 from other jobs, so they compare with each "
+              "other only.", "",
               "Where the time goes (default configuration, first run; seconds summed over partitions, so two "
               "partitions running at once both count):", "", "| stage | s |", "|---|---:|"]
     lines += [f"| `{stage}` | {s:.0f} |" for stage, s in results["parallel"][0]["stage_s"].items()]
