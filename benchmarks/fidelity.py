@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)  # runs the probes, prints JSON
     args = parser.parse_args()
     if args.probe_child:
+        sys.path.insert(0, str(HERE.parent))
+        import tag_core.runtime  # noqa: F401  joins the parent's loopback namespace before TF starts threads
+
         print(json.dumps(probes()))
         return
     home = os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix="tag-fidelity-bench-")
@@ -90,7 +93,15 @@ def main() -> None:
         say(f"{key}: Spearman {fidelity['spearman']}, median |error| {fidelity['median_abs_error']}")
     if not args.no_probes:
         say("probing the runtime")
-        probe = subprocess.run([sys.executable, __file__, "--probe-child"], env=env, capture_output=True, text=True)
+        sys.path.insert(0, str(HERE.parent))
+        from tag_core.runtime.loopback import child_environment, loopback_namespace
+
+        # The probe's client must share its servers' network: the child joins this namespace (only lo up)
+        # and starts its servers in it, without one of their own (TAG_NETNS=off inside).
+        with loopback_namespace():
+            probe_env = {**env, **child_environment(), "TAG_NETNS": "off"}
+            probe = subprocess.run([sys.executable, __file__, "--probe-child"], env=probe_env, capture_output=True,
+                                   text=True)
         report["probes"] = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
     (HERE / "fidelity_distributed.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (HERE / "fidelity_distributed.md").write_text(markdown(report))
