@@ -25,19 +25,26 @@ def child_error(stderr: str) -> TagInputError | None:
     return TagInputError(where, problem)
 
 
+def run_model_child(command: list[str], doing: str, backstop: float, timeout: float,
+                    env: dict[str, str] | None = None) -> None:
+    """Run a child that runs model code under its own limits; its `tag: error:` comes back as the
+    TagInputError it was, a hang its limits could not cut is killed at `backstop` seconds."""
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=backstop)
+    except subprocess.TimeoutExpired:  # run() killed it
+        raise TagInputError("model", f"{doing} in a child process did not finish within "
+                                     f"{backstop:g} s (model timeout {timeout:g} s)") from None
+    if result.returncode != 0:
+        error = child_error(result.stderr)
+        if error is not None:
+            raise error
+        raise RuntimeError(f"{doing} in a child process failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+
+
 def load_in_child(reference: str, seconds: float) -> None:
     """Raise the TagInputError loading `reference` gives, timeouts included, from a child process."""
     from .time_limit import LONGEST_S
 
     backstop = min(2 * seconds + CHILD_START_S, LONGEST_S)
-    command = [sys.executable, "-m", "tag_core.capture.load_child", reference, repr(seconds)]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=backstop)
-    except subprocess.TimeoutExpired:  # run() killed it
-        raise TagInputError("model", f"loading {reference} in a child process did not finish within "
-                                     f"{backstop:g} s (model timeout {seconds:g} s)") from None
-    if result.returncode != 0:
-        error = child_error(result.stderr)
-        if error is not None:
-            raise error
-        raise RuntimeError(f"loading {reference} in a child process failed:\n{result.stderr[-3000:]}")
+    run_model_child([sys.executable, "-m", "tag_core.capture.load_child", reference, repr(seconds)],
+                    f"loading {reference}", backstop, seconds)

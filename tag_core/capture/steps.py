@@ -16,18 +16,16 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from tag_core import store
-from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
 
 from .graph import Edge, Op, OpGraph, Variable, capture, op_graph_from_json, records
-from .load_check import CHILD_START_S, child_error
+from .load_check import CHILD_START_S, run_model_child
 from .models import model_source_hash
 from .models.spec import ModelSpec
 from .time_limit import ENV, LONGEST_S, model_timeout
@@ -141,18 +139,8 @@ def _run_child(spec: ModelSpec, folder: Path, batches: list[int], capture: bool)
                "batches": batches, "graph_out": str(graph_out) if capture else None}
         job_file = Path(work) / "job.json"
         job_file.write_text(json.dumps(job))
-        try:
-            result = subprocess.run([sys.executable, "-m", "tag_core.capture", str(job_file)], capture_output=True,
-                                    text=True, env=env, timeout=backstop)
-        except subprocess.TimeoutExpired:  # run() killed it
-            raise TagInputError("model", f"{what} {spec.name} in a child process did not finish within "
-                                         f"{backstop:g} s (model timeout {timeout:g} s)") from None
-        if result.returncode != 0:
-            error = child_error(result.stderr)
-            if error is not None:
-                raise error
-            raise RuntimeError(f"{what} {spec.name} in a child process failed (exit {result.returncode}):\n"
-                               f"{result.stderr[-3000:]}")
+        run_model_child([sys.executable, "-m", "tag_core.capture", str(job_file)], f"{what} {spec.name}",
+                        backstop, timeout, env)
         return json.loads(graph_out.read_text()) if capture else {}
 
 
