@@ -89,10 +89,10 @@ def place_ops(graph: OpGraph, topology: Topology, strategy: Strategy, profiles=N
               batch_size: int | None = None) -> OpPlacements:
     """Placement of every OpGraph op at `batch_size` (default: the graph's); model inputs become
     single copies fed with the whole batch."""
-    from tag_core.simulate.expand import FULL as SIM_FULL
-    from tag_core.simulate.expand import SINGLE as SIM_SINGLE
     from tag_core.simulate.expand import place
     from tag_core.simulate.simulator import Simulator
+    from tag_core.simulate.units import FULL as SIM_FULL
+    from tag_core.simulate.units import SINGLE as SIM_SINGLE
 
     strategy.validate(len(graph.ops), topology.num_machines, topology.num_devices)
     sim = Simulator(graph, topology, profiles, batch_size=batch_size)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from tag_core.cluster.topology import Topology
-from tag_core.simulate.expand import KINDS
 from tag_core.simulate.result import SimResult
 from tag_core.simulate.timeline import COMM_COLORS, PHASE_COLORS, draw_device, op_phases
+from tag_core.simulate.units import KINDS
 
 from .labels import short_label
 from .plots import _png, _pyplot

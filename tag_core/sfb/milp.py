@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from tag_core.simulate.cost import transfer_time
-from tag_core.simulate.expand import SINGLE, SPLIT, _allreduce_shape, place
+from tag_core.simulate.expand import _allreduce_shape, place
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import Strategy
+from tag_core.simulate.units import SINGLE, SPLIT
 
 DEFAULT_TIME_LIMIT_S = 5.0
 DEFAULT_DEPTH = 4

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .expand import ALLREDUCE, KINDS, SINGLE, SPLIT, Collectives, Placement, Transfers, transfer_durations
+from .expand import transfer_durations
 from .slots import Slots, make_slots
 from .strategy import Strategy
+from .units import ALLREDUCE, KINDS, SINGLE, SPLIT, Collectives, Placement, Transfers
 
 
 @dataclass

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from .cost import bytes_per_s
-from .expand import FULL, SINGLE, Placement
 from .strategy import Strategy
+from .units import FULL, SINGLE, Placement
 
 MASTER = 0  # the machine whose task the client talks to
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .expand import GATHER, NORMAL, P2P, SPLIT, Collectives
+from .units import GATHER, NORMAL, P2P, PUSH, SPLIT, Collectives
 
 MAX_P2P_ROWS = 4096  # (source, destination) device pairs per edge beyond which a re-slicing is one unit per tensor
 MAX_UNIT_ROWS = 1024  # pieces per edge beyond which any move but a PS push is one unit per tensor (rows_units)
@@ -22,6 +22,10 @@ MAX_UNIT_ROWS = 1024  # pieces per edge beyond which any move but a PS push is o
 
 def is_large(src, dst, batch: bool, mode: int) -> bool:
     return mode == NORMAL and batch and src[0] == SPLIT and len(src[1]) * len(dst[1]) > MAX_P2P_ROWS
+
+
+def too_many_rows(rows: np.ndarray, mode: int) -> bool:
+    return len(rows) > MAX_UNIT_ROWS and mode != PUSH
 
 
 def _machine_intervals(ctx, devs: np.ndarray, lo: np.ndarray, hi: np.ndarray):

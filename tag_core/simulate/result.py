@@ -19,7 +19,7 @@ class Timeline:
     compute_start: np.ndarray
     compute_end: np.ndarray
     comm_device: np.ndarray
-    comm_kind: np.ndarray  # index into expand.KINDS
+    comm_kind: np.ndarray  # index into units.KINDS
     comm_start: np.ndarray
     comm_end: np.ndarray
 

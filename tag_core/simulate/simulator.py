@@ -23,14 +23,7 @@ from tag_core.disjoint_sets import DisjointSets
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
-from .expand import (
-    concat_collectives,
-    concat_transfers,
-    edge_transfers,
-    gradient_collectives,
-    place,
-    ps_pulls,
-)
+from .expand import concat_collectives, concat_transfers, edge_transfers, gradient_collectives, place, ps_pulls
 from .feeds import client_cost_s
 from .memory import flatten, op_times, slot_peaks
 from .result import SimResult, Timeline
@@ -187,7 +180,7 @@ class Simulator:
 
     def sync_all_single(self, kind: np.ndarray) -> np.ndarray:
         """Per sync variable: are all consumers of its gradient single-device ops (a PS update)?"""
-        from .expand import SINGLE
+        from .units import SINGLE
 
         not_single = kind[self._sync_cons_flat] != SINGLE
         return np.bincount(self._sync_cons_owner[not_single], minlength=len(self.sync_vars)) == 0

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .expand import Transfers, transfer_durations
+from .expand import transfer_durations
+from .units import Transfers
 
 MAX_COVER_ROUNDS = 32  # greedy rounds of pinning machines; what is left after them is pinned whole
 

@@ -12,8 +12,8 @@ from tag_core.cluster.topology import Topology
 from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
 
-from .expand import KINDS
 from .result import SimResult
+from .units import KINDS
 
 PHASE_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "update": "#55A868"}
 COMM_COLORS = {"p2p": "#8172B3", "ps_pull": "#937860", "ps_push": "#DA8BC3", "gather": "#8C8C8C", "allreduce": "#C44E52",
