@@ -85,6 +85,12 @@ def _count(actions: list[str]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def bench_env() -> dict:
+    """The planning children's environment: one BLAS thread, the benchmark store unless TAG_HOME names one."""
+    return {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(ROOT / ".tag-bench" / "plan")),
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
 def ensure_profiled(model: str, env: dict) -> None:
     code = ("import sys;from tag_core import store;c=store.connect();"
             "sys.exit(0 if store.captured_model(c, sys.argv[1]) is not None and "
@@ -112,8 +118,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_case(args.one[0], args.one[1], args.iterations, args.seed)))
         return
-    env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(ROOT / ".tag-bench" / "plan")),
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = bench_env()
     out = Path(args.out)
     previous = json.loads(out.read_text()) if out.exists() else {"results": []}
     rows = {(r["model"], r["topology"]): r for r in previous["results"]}  # re-runs replace their cases only

@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from plan_quality import ensure_profiled  # noqa: E402  (same captures, same way)
+from plan_quality import bench_env, ensure_profiled  # noqa: E402  (same store and captures, same way)
 
 MODELS = "vgg19,resnet101,transformer,bert_base"
 SIZES = "16,128,512,2048,8192"
@@ -154,8 +154,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_case(args.one[0], int(args.one[1]), args.budget_seconds, args.seed)))
         return
-    env = {**os.environ, "TAG_HOME": os.environ.get("TAG_HOME", str(ROOT / ".tag-bench" / "plan")),
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = bench_env()
     out = Path(args.out)
     previous = json.loads(out.read_text()) if out.exists() else {"results": []}
     cases = {(r["model"], r["gpus"]): r for r in previous["results"]}  # re-runs replace their cases only
