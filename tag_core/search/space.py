@@ -2,7 +2,8 @@
 
 An action is (placement mask over machines, option); a plan is one action per op group.
 `ActionSpace` lists the masks (see mcts.py for which and why: one bit per machine up to 16
-machines, "k machines of class c" beyond), `Evaluator` turns action vectors into Strategies
+machines, "k machines of class c" beyond; on racks, also each rack's and each pod's machines,
+so that gradient sync can stay under an oversubscribed uplink), `Evaluator` turns action vectors into Strategies
 and simulates each distinct one once (its cache is keyed by the class-level action vector).
 """
 
@@ -78,6 +79,7 @@ class ActionSpace:
         for m in sorted(fastest[:MAX_SINGLES].tolist()):
             candidates.append((topo.machines[m].name, np.arange(M) == m))
         candidates += _type_masks(topo)
+        candidates += _unit_masks(topo, machine_speed)
         ks = range(2, M) if M <= 10 else sorted({int(round(M ** (i / 6))) for i in range(1, 6)} - {0, 1, M})
         for k in ks:
             mask = np.zeros(M, dtype=bool)
@@ -102,6 +104,7 @@ class ActionSpace:
                 name = f"{k}x{classes[c].count}x{classes[c].gpu}" + (f"#{c}" if len(classes) > 1 else "")
                 candidates.append((name, class_mask(topo, {c: k}, classes)))
         candidates += _type_masks(topo)
+        candidates += _unit_masks(topo, machine_speed)
         for j in range(2, min(len(classes), MAX_SINGLES + 1)):
             candidates.append((f"top{j}classes", class_mask(topo, {c: classes[c].size for c in by_speed[:j]}, classes)))
         order = [m for c in by_speed for m in classes[c].machines]
@@ -126,6 +129,24 @@ class ActionSpace:
 def _type_masks(topo) -> list[tuple[str, np.ndarray]]:
     types = [m.gpu.name for m in topo.machines]
     return [(f"all-{t}", np.array([x == t for x in types])) for t in dict.fromkeys(types)]
+
+
+def _unit_masks(topo, machine_speed: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """On racks: the machines of each rack, and of each pod when there are pods (the MAX_SINGLES fastest
+    units of each level). Gradient sync kept under an oversubscribed uplink needs a mask inside one unit,
+    and the k-fastest masks give one only when the machine order follows the racks."""
+    h = topo.hierarchy
+    if not h.hierarchical:
+        return []
+    out: list[tuple[str, np.ndarray]] = []
+    for level, unit_of, names in (("rack", h.machine_rack, h.rack_names), ("pod", h.machine_pod, h.pod_names)):
+        n = int(unit_of.max()) + 1
+        if n < 2:
+            continue
+        speed = np.bincount(unit_of, weights=machine_speed, minlength=n)
+        for u in sorted(np.argsort(-speed, kind="stable")[:MAX_SINGLES].tolist()):
+            out.append((f"{level}:{names[u]}", unit_of == u))
+    return out
 
 
 # ---- scoring -------------------------------------------------------------------
