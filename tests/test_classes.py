@@ -43,18 +43,52 @@ def test_choice_follows_machine_order_without_racks():
         choose_machines(cls, 6)
 
 
+def _racked(gpus_racks: list[tuple[str, str]], pods: dict[str, str] | None = None) -> Topology:
+    """Machines of 2 GPUs given as (gpu, rack); racks listed in order of first use, in `pods` when given."""
+    from tag_core.cluster.hierarchy import Rack, Uplink
+
+    machines = tuple(Machine(f"m{i}", lookup_gpu(gpu), 2, 100.0, rack=r) for i, (gpu, r) in enumerate(gpus_racks))
+    names = list(dict.fromkeys(r for _, r in gpus_racks))
+    racks = tuple(Rack(r, pods[r] if pods else None) for r in names)
+    return Topology("racked", machines, inter_gbps=25.0, racks=racks, rack_uplink=Uplink(25.0, 4.0),
+                    pod_uplink=Uplink(10.0, 2.0) if pods else None)
+
+
 def test_choice_packs_the_fullest_rack_first():
-    hierarchy = pytest.importorskip("tag_core.cluster.hierarchy")  # racks come with hierarchical topologies
-    Rack, Uplink = hierarchy.Rack, hierarchy.Uplink
-    racks = ["r1", "r2", "r2", "r1", "r2", "r3"]
-    machines = tuple(Machine(f"m{i}", lookup_gpu(V100), 2, 100.0, rack=r) for i, r in enumerate(racks))
-    topo = Topology("racked", machines, inter_gbps=25.0, racks=(Rack("r1"), Rack("r2"), Rack("r3")),
-                    rack_uplink=Uplink(25.0, 4.0))
-    (cls,) = machine_classes(topo)  # racks of identical machines are one class
+    # Three racks of three machines; the V100s fill r2, two thirds of r1 and a third of r3.
+    topo = _racked([(V100, "r1"), (V100, "r2"), (V100, "r2"), (V100, "r1"), (V100, "r2"), (V100, "r3"),
+                    (T4, "r1"), (T4, "r3"), (T4, "r3")])
+    cls = machine_classes(topo)[0]  # racks of one size: their V100 machines are one class
     assert cls.machines == (1, 2, 4, 0, 3, 5)
-    assert choose_machines(cls, 3) == (1, 2, 4)  # all of r2 (the fullest) before r1
+    assert choose_machines(cls, 3) == (1, 2, 4)  # all of r2's (the fullest) before r1's
     assert choose_machines(cls, 4) == (1, 2, 4, 0)
     assert choose_machines(cls, 3) == choose_machines(machine_classes(topo)[0], 3)  # deterministic
+
+
+def test_racks_of_different_sizes_set_their_machines_apart():
+    """A flow out of a rack of n machines gets gbps * min(1, n / (o * k)) of the uplink: machines in racks
+    of different sizes (or pods of different sizes) cost differently, so they are different classes."""
+    uneven = _racked([(V100, "r0")] * 3 + [(V100, "r1")] + [(V100, "r2")] * 3)
+    assert [c.machines for c in machine_classes(uneven)] == [(0, 1, 2, 4, 5, 6), (3,)]
+    assert machine_class_of(uneven).tolist() == [0, 0, 0, 1, 0, 0, 0]
+    pods = _racked([(V100, "r0")] * 2 + [(V100, "r1")] * 2 + [(V100, "r2")] * 2, pods={"r0": "p0", "r1": "p0",
+                                                                                      "r2": "p1"})
+    assert [c.machines for c in machine_classes(pods)] == [(0, 1, 2, 3), (4, 5)]
+    # Deterministic: the same classes again, and whatever order the racks are listed in.
+    listed = Topology("racked", uneven.machines, 25.0, racks=uneven.racks[::-1], rack_uplink=uneven.rack_uplink)
+    assert machine_classes(listed) == machine_classes(uneven) == machine_classes(uneven)
+
+
+def test_uneven_racks_simulate_as_with_every_device_simulated():
+    """Classes split by rack size keep the simulator's class collapse exact."""
+    g = train_graph(layers=2)
+    topo = _racked([(V100, "r0")] * 3 + [(V100, "r1")] + [(T4, "r1")] * 2)
+    prof = profiles(g, V100)
+    collapsed, flat = Simulator(g, topo, prof), Simulator(g, topo, prof, collapse=False)
+    for option in ("allreduce", "ps"):
+        for mask in (np.ones(6, dtype=bool), class_mask(topo, {0: 2, 1: 1})):
+            s = Strategy.uniform(len(g.ops), 6, topo.num_devices, option, mask=mask)
+            assert collapsed.run(s).iteration_time_s == pytest.approx(flat.run(s).iteration_time_s, rel=1e-12)
 
 
 def test_small_topologies_keep_a_mask_bit_per_machine():

@@ -1,8 +1,9 @@
 """Machine classes: identical machines the planner may treat as one kind.
 
 Two machines are in one class when they have the same GPU type and count, the same intra-machine
-bandwidth, the same place in the hierarchy's bandwidth classes (a `rack` / `level` attribute when
-the Machine has one) and the same link overrides to the rest (the multiset of their `links`).
+bandwidth, the same place in the hierarchy's bandwidth classes (on racks: as many machines in their
+rack and in their pod, behind the same uplinks; see `_positions`) and the same link overrides to the
+rest (the multiset of their `links`).
 The planner chooses "k machines of class c" instead of one mask bit per machine, so its cost grows
 with the number of classes, not of machines; `choose_machines` turns k back into concrete machines.
 """
@@ -40,11 +41,17 @@ def rack_of(machine: object) -> object | None:
     return getattr(machine, "rack", None)
 
 
-def _position(machine: object) -> tuple:
-    """Bandwidth class in the hierarchy. Racks of identical machines are alike, so the rack's name is not
-    part of it (they stay one class, and `choose_machines` packs them) — only whether there is one, and the
-    machine's level when the topology gives one."""
-    return (rack_of(machine) is not None, getattr(machine, "level", None))
+def _positions(topology: Topology) -> list[tuple | None]:
+    """Each machine's bandwidth class in the hierarchy (None on flat topologies). A flow leaving a rack of n
+    machines gets gbps * min(1, n / (o * k)) of its uplink, and a pod's likewise with the pod's machines, so
+    the sizes of the machine's rack and pod and the uplinks' figures set what its traffic costs. The names
+    do not: racks of one size behind the same uplinks are alike (one class, which `choose_machines` packs)."""
+    h = topology.hierarchy
+    if not h.hierarchical:
+        return [None] * topology.num_machines
+    rack_size = h.rack_machines[h.machine_rack].tolist()
+    pod_size = h.pod_machines[h.machine_pod].tolist()
+    return [(int(r), int(p), h.rack_uplink, h.pod_uplink) for r, p in zip(rack_size, pod_size)]
 
 
 def machine_classes(topology: Topology) -> list[MachineClass]:
@@ -53,9 +60,10 @@ def machine_classes(topology: Topology) -> list[MachineClass]:
     for a, b, gbps in topology.links:
         for name in (a, b):
             links.setdefault(topology.machine_index(name), Counter())[float(gbps)] += 1
+    positions = _positions(topology)
     groups: dict[tuple, list[int]] = {}
     for i, m in enumerate(topology.machines):
-        key = (m.gpu.name, int(m.count), float(m.intra_gbps), _position(m),
+        key = (m.gpu.name, int(m.count), float(m.intra_gbps), positions[i],
                tuple(sorted(links.get(i, Counter()).items())))
         groups.setdefault(key, []).append(i)
     return [MachineClass(key, tuple(_packed(topology, members))) for key, members in groups.items()]
