@@ -7,6 +7,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._common import (
     add_model_timeout,
@@ -17,6 +18,9 @@ from ._common import (
     positive_int32,
     print_json,
 )
+
+if TYPE_CHECKING:
+    from tag_core.gnn.prior import PriorChoice
 
 
 def register(subparsers) -> None:
@@ -67,7 +71,7 @@ def run(args) -> int:
     from tag_core.cluster.topology_json import load_topology
     from tag_core.errors import TagInputError
     from tag_core.files import output_file, write_atomically
-    from tag_core.gnn.prior import choose_prior, sized_prior
+    from tag_core.gnn.prior import choose_prior
     from tag_core.plan.planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
     from tag_core.plan.warm_start import warm_start_problem
     from tag_core.profile.profiler import profile_model
@@ -80,11 +84,7 @@ def run(args) -> int:
     warm = _read_plan(args.warm_start) if args.warm_start else None
     if args.checkpoint and Path(args.checkpoint).is_dir():
         raise TagInputError("--checkpoint", f"{args.checkpoint} is a directory, not a checkpoint file")
-    # Before the slow steps: a bad checkpoint, or a problem too large for the GNN, fails fast.
-    prior = sized_prior(lambda: choose_prior(args.prior, args.checkpoint), args.prior, topology.num_machines,
-                        args.groups)
-    if prior.warning:
-        print(f"tag: warning: {prior.warning}", file=sys.stderr)
+    prior = _prior_without_the_gnn(args, topology.num_machines)  # its refusals come before anything slow
     spec = resolve_model(args.model, timeout=args.model_timeout)
     batch = args.batch_size or spec.batch_size
     conn = open_store(args)
@@ -101,6 +101,8 @@ def run(args) -> int:
         comm, uncalibrated = comm_for(conn, topology)
     finally:
         conn.close()
+    if prior is None:  # after capture and profiling (a model failing them never imports torch and dgl), store closed
+        prior = _warned(choose_prior(args.prior, args.checkpoint))
     why = warm_start_problem(warm, graph, topology) if warm is not None else None
     if why:  # searching without it is still useful; the lineage must not claim it
         print(f"tag: note: --warm-start {args.warm_start}: {why}; searching without it", file=sys.stderr)
@@ -127,6 +129,24 @@ def run(args) -> int:
               f"`tag plans import {kept_in[0]}`", file=sys.stderr)
         return 1
     return 0
+
+
+def _prior_without_the_gnn(args, num_machines: int) -> PriorChoice | None:
+    """The PriorChoice when it is settled without loading the GNN (torch and dgl take seconds to import):
+    uniform priors asked for, or a problem whose joint graph is too large for the GNN (refused when the GNN
+    was asked for by name, else uniform priors with a warning). None: the GNN may be used; load it later."""
+    from tag_core.gnn.prior import choose_prior, sized_prior
+
+    if args.prior == "uniform":
+        return choose_prior("uniform", args.checkpoint)  # refuses a --checkpoint with it
+    chosen = sized_prior(lambda: None, args.prior, num_machines, args.groups)
+    return _warned(chosen) if chosen is not None else None
+
+
+def _warned(prior: PriorChoice) -> PriorChoice:
+    if prior.warning:
+        print(f"tag: warning: {prior.warning}", file=sys.stderr)
+    return prior
 
 
 def _save(args, data: dict) -> tuple[Path, str] | None:
