@@ -8,6 +8,7 @@ wholes in `profile_steps`, device types named by the GPU catalog (`tag_core.clus
 
 from .csv_files import export_profiles, import_profiles, read_profile_csv
 from .profiler import (
+    ALLOCATOR_LIMIT_BYTES,
     RUNTIME_THREADS,
     detect_device_type,
     initialise_randomly,
@@ -16,6 +17,6 @@ from .profiler import (
 )
 
 __all__ = [
-    "RUNTIME_THREADS", "detect_device_type", "export_profiles", "import_profiles", "initialise_randomly",
-    "op_overheads", "profile_model", "read_profile_csv",
+    "ALLOCATOR_LIMIT_BYTES", "RUNTIME_THREADS", "detect_device_type", "export_profiles", "import_profiles",
+    "initialise_randomly", "op_overheads", "profile_model", "read_profile_csv",
 ]
