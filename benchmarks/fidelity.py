@@ -209,7 +209,7 @@ def probes() -> dict:
     import tensorflow as tf
 
     from tag_core.runtime.calibration_graphs import session_config
-    from tag_core.runtime.local_cluster import local_cluster
+    from tag_core.runtime.local_cluster import local_cluster, session_target
 
     tf.compat.v1.disable_eager_execution()
     devices = [f"/job:worker/task:{k}/device:CPU:0" for k in range(2)]
@@ -219,7 +219,7 @@ def probes() -> dict:
         graph = tf.Graph()
         with graph.as_default():
             fetch, feed = build()
-        session = tf.compat.v1.Session(cluster.target(0), graph=graph, config=session_config(60.0))
+        session = tf.compat.v1.Session(target, graph=graph, config=session_config(60.0))
         for _ in range(5):
             session.run(fetch, feed)
         times = []
@@ -273,6 +273,7 @@ def probes() -> dict:
             return tf.reduce_sum(tf.matmul(x, tf.random.uniform([784, 256]))), {x: np.ones((128, 784), np.float32)}
 
     with local_cluster(2) as cluster:
+        target = session_target(cluster.target(0), cluster.client_cluster)
         timed("step on task 0 only: a 128 x 784 batch fed, one matmul", fed_matmul)
         # The client that feeds and drives the step has no core of its own when every core runs a task.
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])

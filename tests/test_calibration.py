@@ -450,7 +450,7 @@ def test_a_measurement_whose_servers_die_is_stopped_and_leaves_nothing_behind():
     with pytest.raises(CalibrationError):
         with local_cluster(2) as cluster:
             pids = cluster.pids
-            measure(cluster.target(0), 2, CalibrationSettings(step_timeout_s=3.0), progress=False, grace_s=2.0,
+            measure(cluster.client_args(), 2, CalibrationSettings(step_timeout_s=3.0), progress=False, grace_s=2.0,
                     on_event=kill_servers)
     assert not any(_alive(p) for p in pids)
     assert _measuring_children() == []

@@ -68,15 +68,15 @@ def code_version() -> str:
 # ---------------------------------------------------------------- the measuring child
 
 
-def measure(target: str, tasks: int, settings: CalibrationSettings, progress: bool = True,
+def measure(target_args: list[str], tasks: int, settings: CalibrationSettings, progress: bool = True,
             startup_s: float = STARTUP_S, grace_s: float = HANG_GRACE_S,
             on_event: Callable[[dict], None] | None = None) -> list[Sample]:
-    """Every sample of a cluster of `tasks` whose task 0 serves at `target` (grpc://host:port), measured by
-    a child process that is killed when a step outlives its deadline. `on_event` sees every event the
+    """Every sample of a cluster of `tasks` that `target_args` reach (`LocalCluster.client_args`, or
+    ["--target", "grpc://host:port" of task 0]), measured by a child process that is killed when a step outlives its deadline. `on_event` sees every event the
     child reports (tag_core.runtime.calibration_client), for callers that show progress their own way."""
     from tqdm import tqdm
 
-    command = [sys.executable, "-m", "tag_core.runtime.calibration_client", "--target", target, "--tasks",
+    command = [sys.executable, "-m", "tag_core.runtime.calibration_client", *target_args, "--tasks",
                str(tasks), "--settings", json.dumps(asdict(settings)), "--wait", str(startup_s)]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=child_env(threads=None), start_new_session=True)
@@ -179,7 +179,7 @@ def calibrate_local(tasks: int, settings: CalibrationSettings, name: str | None 
     """Measure `tasks` pinned local servers; the topology they form (its inter_gbps from the fit) and
     its calibration."""
     with local_cluster(tasks, where="--local") as cluster:
-        samples = measure(cluster.target(0), tasks, settings, progress=progress)
+        samples = measure(cluster.client_args(), tasks, settings, progress=progress)
     name = name or f"local-{tasks}"
     fitted = _fit(samples, name, "", "local")  # the topology takes its bandwidth from the fit, then its hash
     topology = local_topology(name, tasks, fitted.links["inter"].gbps)
@@ -191,5 +191,5 @@ def calibrate_cluster(topology: Topology, cluster: dict[str, list[str]], setting
     """Measure a real cluster whose tasks 1.. serve (`tag calibrate --cluster ... --task-index K`); task 0
     is served from here, with TensorFlow's default threads."""
     with task_servers(cluster, [0], devices_per_task=topology.machines[0].count, threads=None) as servers:
-        samples = measure(f"grpc://{servers[0].address}", topology.num_machines, settings, progress=progress)
+        samples = measure(["--target", f"grpc://{servers[0].address}"], topology.num_machines, settings, progress=progress)
     return _fit(samples, topology.name, topology.content_hash(), "cluster")

@@ -27,6 +27,7 @@ from tag_core.cluster.calibration import Sample
 
 from .calibrate import CalibrationError, CalibrationSettings
 from .calibration_graphs import CalibrationGraph, Series, build_series, session_config
+from .local_cluster import add_target_arguments, session_target
 from .parent_watch import exit_with_parent
 
 
@@ -38,7 +39,7 @@ def task_devices(device_names: list[str]) -> dict[int, list[str]]:
     """Devices per task from a session's list_devices(): a task's GPUs when it has any, else its CPUs."""
     found: dict[int, dict[str, list[tuple[int, str]]]] = {}
     for name in device_names:
-        match = re.search(r"/task:(\d+)/device:(GPU|CPU):(\d+)$", name)
+        match = re.search(r"/job:worker/(?:replica:\d+/)?task:(\d+)/device:(GPU|CPU):(\d+)$", name)
         if match:
             task, kind, index = int(match[1]), match[2], int(match[3])
             short = f"/job:worker/task:{task}/device:{kind}:{index}"
@@ -132,7 +133,7 @@ def run(target: str, tasks: int, settings: CalibrationSettings, wait_s: float) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.calibration_client")
-    parser.add_argument("--target", required=True, help="grpc://host:port of task 0")
+    add_target_arguments(parser)
     parser.add_argument("--tasks", type=int, required=True)
     parser.add_argument("--settings", required=True, help="CalibrationSettings as JSON")
     parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every task to answer")
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     fields = json.loads(args.settings)
     settings = CalibrationSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-    return run(args.target, args.tasks, settings, args.wait)
+    return run(session_target(args.target, args.client_cluster), args.tasks, settings, args.wait)
 
 
 if __name__ == "__main__":

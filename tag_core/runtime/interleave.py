@@ -68,7 +68,7 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
                "--rounds", str(rounds), "--timeout", str(timeout), *map(str, folders)]
     try:
         with local_cluster(tasks.pop(), where="folders") as cluster:
-            child = subprocess.Popen(command + ["--target", cluster.target(0)], stdout=subprocess.PIPE,
+            child = subprocess.Popen(command + cluster.client_args(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=child_env(threads=None),
                                      start_new_session=True)
             events: queue.Queue = queue.Queue()
@@ -152,10 +152,12 @@ def run(args) -> int:
 
     from tag_core.capture.trace import synthetic_batch
 
+    from .local_cluster import session_target
     from .worker import Distributed, _headline, _load_graph_def, _spec_like, initial_values, report
 
     graphs: list[tuple[int, Any, dict, dict] | None] = []
     deadline = time.monotonic() + args.timeout
+    target = session_target(args.target, args.client_cluster)
 
     def options():
         remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -169,7 +171,7 @@ def run(args) -> int:
         graph_def = _load_graph_def(folder, meta, args.timeout, meta["device_kind"] == "gpu")
         separate(graph_def, k)
         try:
-            distributed = Distributed(graph_def, meta, args.target, soft=False)
+            distributed = Distributed(graph_def, meta, target, soft=False)
             distributed.initialise(initial_values(folder, meta), options())
             for step in range(args.warmup):
                 distributed.step(synthetic_batch(_spec_like(meta), plan["batch_size"], seed=step), options())
@@ -204,12 +206,13 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .local_cluster import add_target_arguments
     from .parent_watch import exit_with_parent
     from .worker import FolderError, report
 
     parser = argparse.ArgumentParser(prog="python -m tag_core.runtime.interleave")
     parser.add_argument("folders", nargs="+")
-    parser.add_argument("--target", required=True, help="grpc://host:port of task 0")
+    add_target_arguments(parser)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)

@@ -215,7 +215,7 @@ def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[
             if cluster.isolated:
                 line += f"; {LOOPBACK_WHERE}"
             echo(line)
-            result = _supervise(command + ["--target", cluster.target(0)], meta,
+            result = _supervise(command + cluster.client_args(), meta,
                                 time.monotonic() + timeout + STARTUP_S, timeout, echo)
             result.lines.insert(0, line)
             result.server_pids = cluster.pids

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .local_cluster import add_target_arguments, session_target
 from .parent_watch import exit_with_parent
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -173,7 +174,7 @@ def run(args) -> int:
     servers = []
     target = None
     if args.target:  # pinned mode: the tasks serve in processes of their own (tag_core.runtime.local_cluster)
-        target = args.target
+        target = session_target(args.target, args.client_cluster)
         on_cpu = meta["device_kind"] == "gpu"
     elif args.cluster:
         cluster = json.loads(Path(args.cluster).read_text())["cluster"]
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--cluster")
     parser.add_argument("--task-index", type=int, default=0)
-    parser.add_argument("--target", help="grpc://host:port of task 0 of servers already running (pinned mode)")
+    add_target_arguments(parser, required=False)  # pinned mode: servers already running
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps before --steps")
     parser.add_argument("--rewrites-off", action="store_true",
                         help="no grappler rewrites in the distributed session (a check of the graph, not a timing)")
