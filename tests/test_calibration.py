@@ -262,7 +262,8 @@ def test_devices_of_each_task_prefer_gpus():
     from tag_core.runtime.calibration_client import task_devices
 
     names = ["/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:0/device:CPU:0",
-             "/job:worker/replica:0/task:1/device:GPU:1", "/job:worker/replica:0/task:1/device:GPU:0"]
+             "/job:worker/replica:0/task:1/device:GPU:1", "/job:worker/replica:0/task:1/device:GPU:0",
+             "/job:client/replica:0/task:0/device:CPU:0"]  # the client's own master: not a task
     assert task_devices(names) == {0: ["/job:worker/task:0/device:CPU:0"],
                                    1: ["/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1"]}
 
@@ -300,7 +301,9 @@ def test_local_cluster_pins_its_servers_and_leaves_none_behind():
         assert [os.sched_getaffinity(s.pid) for s in cluster.servers] == [{s.core} for s in cluster.servers]
         assert len({s.core for s in cluster.servers}) == 2
         assert cluster.cluster_spec == {"worker": cluster.addresses}
-        assert all(a.startswith("127.0.0.1:") for a in cluster.addresses)
+        assert all(a.startswith("127.0.0.1:") for a in [*cluster.addresses, cluster.client])
+        assert json.loads(cluster.client_cluster) == {"worker": cluster.addresses, "client": [cluster.client]}
+        assert cluster.client_args() == ["--target", cluster.target(0), "--client-cluster", cluster.client_cluster]
     assert not any(_alive(p) for p in pids)
 
     with pytest.raises(RuntimeError, match="the body failed"):
