@@ -379,7 +379,9 @@ def test_launching_a_step_costs_what_was_measured_for_the_tasks_it_touches():
     assert comm.step_cost(1) == 5e-4 and comm.step_cost(2) == 2e-3 and comm.step_cost(3) == 2e-3
 
 
-def test_a_step_on_another_machine_than_the_masters_touches_two_tasks_and_waits_for_its_feed():
+def test_a_step_launches_on_the_tasks_it_touches_and_rows_cross_from_the_fed_task():
+    from dataclasses import replace
+
     from tag_core.cluster.calibration import Sample
     from tag_core.simulate import CommModel
 
@@ -390,18 +392,21 @@ def test_a_step_on_another_machine_than_the_masters_touches_two_tasks_and_waits_
     comm = CommModel.from_calibration(_calibration(topo, samples=steps))
     on_a = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])
     on_b = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[False, True])
+    on_both = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, True])
     plain = Simulator(g, topo, profiles(g, V100))
     calibrated = Simulator(g, topo, profiles(g, V100), comm=comm)
-    # The client feeds the whole batch through task 0 (machine a): on b the step also launches on a, and the
-    # input crosses to b before b can start.
+    # The session's master is the client's own: a step on b alone launches on b alone, fed there directly.
     assert calibrated.run(on_a).iteration_time_s - plain.run(on_a).iteration_time_s == pytest.approx(5e-4)
-    assert calibrated.run(on_b).iteration_time_s - plain.run(on_b).iteration_time_s == pytest.approx(
-        2e-3 + transfer_time(4 * BATCH * 256, 7.8, 9e-4))
+    assert calibrated.run(on_b).iteration_time_s - plain.run(on_b).iteration_time_s == pytest.approx(5e-4)
+    # On both, the input is fed to a's task and b's half of its rows crosses before b can start.
+    unfed = Simulator(g, topo, profiles(g, V100), comm=replace(comm, client_feeds=False))
+    assert calibrated.run(on_both).iteration_time_s - unfed.run(on_both).iteration_time_s == pytest.approx(
+        transfer_time(4 * BATCH * 256 / 2, 7.8, 9e-4), rel=1e-6)
     # Without a calibration the paper's setting holds: each worker reads its own data, launching is free.
     assert plain.run(on_b).iteration_time_s == pytest.approx(plain.run(on_a).iteration_time_s)
 
 
-def test_a_measured_feed_from_the_client_to_task_0_is_charged_for_the_whole_batch():
+def test_a_measured_feed_from_the_client_is_charged_for_the_whole_batch():
     from dataclasses import replace
 
     from tag_core.cluster.calibration import Fit
