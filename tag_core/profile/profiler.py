@@ -53,6 +53,7 @@ RUNTIME_THREADS = 1  # a device of the local runtime: one core, one intra-op and
 # tensors (TF's libraries and Python 0.5 GB, malloc's arenas and the traced run's stats 0.2-0.35 GB).
 # vgg19's step needs 2.8-3.1 GB of tensors; a step that needs more runs again without the limit.
 ALLOCATOR_LIMIT_BYTES = 3200 * 2**20
+OUT_OF_MEMORY = 3  # the timing child's exit status when its step needs more than the job's allocator_limit
 
 
 class AllocatorLimitExceeded(RuntimeError):
@@ -151,9 +152,6 @@ def _run_child(job: dict, progress=None) -> tuple[list[dict], dict]:
                 started = json.loads(line)
         code = child.wait()
         reader.join(timeout=5)
-        # Not imported at the top: `python -m tag_core.profile.timing` would find it imported already.
-        from .timing import OUT_OF_MEMORY
-
         # Below a few MiB TF's allocator crashes instead of raising: under a limit, a signal counts as too little.
         if job.get("allocator_limit") and (code == OUT_OF_MEMORY or code < 0):
             raise AllocatorLimitExceeded(f"the step needs more than {job['allocator_limit']} bytes of tensors "

@@ -49,7 +49,6 @@ from pathlib import Path
 UNTRACED_REPEATS = 3  # untraced steps per recorded run; their median is its step time (load spikes happen)
 LAUNCH_REPEATS = 5  # trivial runs per recorded run; their median is its launch cost
 TRAIN_TARGET = "tag_profile/train"
-OUT_OF_MEMORY = 3  # exit status: the step needs more than the job's allocator_limit
 ALLOCATOR_LIMIT_ENV = "TF_MKL_ALLOC_MAX_BYTES"  # read once, when TF's oneDNN CPU allocator starts
 
 
@@ -199,7 +198,7 @@ def main(argv: list[str]) -> int:
     options = tf.compat.v1.RunOptions(trace_level=level)
     # A GPU runs its kernels while the host dispatches the next: there host time is not added to kernel time.
     job["dispatch"] = not gpu
-    from .profiler import detect_device_type
+    from .profiler import OUT_OF_MEMORY, detect_device_type
 
     # The profiler's own process does not start TF: the device type and TF's version come from here.
     print(json.dumps({"event": "start", "trace_level": "full" if gpu else "software", "gpu": gpu,

@@ -17,6 +17,7 @@ from .cost import bytes_per_s
 from .strategy import Strategy
 from .units import FULL, SINGLE, Placement
 
+
 def client_cost_s(ctx, s: Strategy, p: Placement, device_busy_s: np.ndarray) -> float:
     """The step's launch on the tasks it touches, plus the feed when the model charges it."""
     machines = set(ctx.dev_machine[device_busy_s > 0].tolist())
