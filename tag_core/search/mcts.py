@@ -17,6 +17,8 @@ Masks stay few so that the tree stays shallow-wide rather than exponential:
   - the machines of each GPU type;
   - the k fastest machines (by summed device speed) for k = 2 .. M-1, k thinned
     geometrically when M is large;
+  - on racks, each rack's and each pod's machines (the MAX_SINGLES fastest of each), so
+    that gradient sync can stay under an oversubscribed uplink;
   - any extra mask a warm-start plan used.
 Beyond PER_MACHINE_UP_TO (16) machines the masks are over machine classes instead
 (tag_core/cluster/classes.py, `ActionSpace.by_class`): k machines of a class for
