@@ -15,7 +15,9 @@ Writes benchmarks/capture_profile.json and benchmarks/capture_profile.md. The pr
 
 `--root` runs another checkout's tag_core (a baseline, e.g. `git archive` of an older commit); `--out` names
 the output files' stem; `--before` adds a before/after table from an earlier run's .json; `--render` writes
-the files again from a run's .json without measuring.
+the files again from a run's .json without measuring. An existing `--out` .json is merged into: the models
+measured now replace their rows, the others keep theirs (each row names its commit), and its notes stay
+(`--fresh` starts from nothing).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "capture_profile"), help="output stem (.json and .md)")
     parser.add_argument("--before", help="an earlier run's .json (e.g. of --root at an older commit) to compare with")
     parser.add_argument("--render", help="write the .md (and .json) again from this run's .json, measuring nothing")
+    parser.add_argument("--fresh", action="store_true", help="write only this run's rows (default: merge into --out)")
     args = parser.parse_args()
     if args.render:
         report = json.loads(Path(args.render).read_text())
@@ -125,8 +128,12 @@ def main() -> None:
     tag = [sys.executable, "-m", "tag_core.cli"]
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
+    kept, extra = _earlier(Path(args.out).with_suffix(".json"), args) if not args.fresh else ([], {})
+    measured = args.models.split(",")
+    kept = [r for r in kept if r["model"] not in measured]
+    extra["not_measured"] = [m for m in extra.get("not_measured", []) if m not in measured]
     results = []
-    for model in args.models.split(","):
+    for model in measured:
         print(f"{model} ... (load {_load()})", file=sys.stderr, flush=True)
         load_before = _load()
         captured = run_sampled([*tag, "capture", model, "--json"], env, cwd=str(root))
@@ -138,7 +145,8 @@ def main() -> None:
             raise SystemExit(f"{model}: profile failed:\n{profiled['stderr'][-3000:]}")
         summary = json.loads(captured["stdout"])
         row = {"model": model, "batch_size": summary["batch_size"], "ops": summary["ops"],
-               "parameters": summary["parameters"], "load_before": load_before, "load_after": _load()}
+               "parameters": summary["parameters"], "load_before": load_before, "load_after": _load(),
+               "commit": commit}
         for phase, measured in (("capture", captured), ("profile", profiled)):
             row.update({f"{phase}_s": measured["wall_s"], f"{phase}_parent_mib": measured["parent_peak_mib"],
                         f"{phase}_child_mib": measured["child_peak_mib"], f"{phase}_tree_mib": measured["tree_peak_mib"],
@@ -146,7 +154,27 @@ def main() -> None:
         row["peak_mib"] = max(row["capture_tree_mib"], row["profile_tree_mib"])
         results.append(row)
         print(f"  {row}", file=sys.stderr, flush=True)
-        write(args, commit, results)  # after each model: a long run that stops keeps what it measured
+        # After each model: a long run that stops keeps what it measured.
+        write(args, commit, _in_order(results + kept), extra)
+
+
+def _earlier(path: Path, args) -> tuple[list[dict], dict]:
+    """The rows and notes of an earlier run written to `path` with the same profile settings, each row
+    naming the commit it was measured at; ([], {}) when there is none."""
+    if not path.exists():
+        return [], {}
+    report = json.loads(path.read_text())
+    if (report["profile_batch_sizes"], report["runs"]) != (args.batch_sizes, args.runs):
+        raise SystemExit(f"{path} was measured with --batch-sizes {report['profile_batch_sizes']} --runs "
+                         f"{report['runs']}: run with those, or --fresh")
+    rows = [{**r, "commit": r.get("commit", report["commit"])} for r in report["results"]]
+    return rows, {k: report[k] for k in ("not_measured", "notes") if k in report}
+
+
+def _in_order(rows: list[dict]) -> list[dict]:
+    """`rows` in MODELS' order (models outside it last)."""
+    order = MODELS.split(",")
+    return sorted(rows, key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
 
 
 def write(args, commit: str, results: list[dict], extra: dict | None = None) -> None:
@@ -167,7 +195,8 @@ def write(args, commit: str, results: list[dict], extra: dict | None = None) -> 
         "# Capture and profiling per zoo model: wall time and peak memory",
         "",
         f"Measured with `python benchmarks/capture_profile.py --batch-sizes {args.batch_sizes} --runs {args.runs}` "
-        f"at commit {commit} on this machine ({report['machine']}), shared with other jobs (load averages below).",
+        f"on this machine ({report['machine']}), shared with other jobs (load averages below), each row at the "
+        "commit in its last column.",
         "Capture: `tag capture MODEL` at the model's default size and batch (traced at B and B+1).",
         f"Profile: `tag profile MODEL --batch-sizes {args.batch_sizes} --runs {args.runs}` (2 warm-up runs each). "
         "Wall times include starting Python and importing TF in each process, and other jobs' load.",
@@ -181,7 +210,8 @@ def write(args, commit: str, results: list[dict], extra: dict | None = None) -> 
         "`tag profile` starts no TF itself: a child traces the missing batch sizes, then the profiling child "
         "(`tag_core.profile.timing`, one per batch size for models with over 256 MiB of variable state) runs "
         "the training step, whose own memory (parameters, Adam's two slots, gradients, activations and "
-        "TF's ~0.7 GB of libraries) sets the peak.",
+        "TF's ~0.7 GB of libraries) sets the peak; since fb15926 the child caps what TF's allocator may reserve "
+        "(`ALLOCATOR_LIMIT_BYTES`, tag_core/profile/profiler.py), which otherwise kept pages no tensor used.",
         "",
         "| model | batch | ops | parameters | capture s | capture parent / child / tree | profile s "
         "| profile parent / child / tree | peak tree | within budget | load 1/5/15 min | commit |",
