@@ -68,15 +68,15 @@ def one_case(model: str, gpus: int, budget_s: float, seed: int) -> dict:
     conn.close()
     topology = cluster(gpus, seed)
     loaded_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    clock = time.perf_counter()
+    clock, cpu = time.perf_counter(), time.process_time()
     result = plan(graph, topology, profiles, budget=Budget(seconds=budget_s), seed=seed)
-    wall = time.perf_counter() - clock
+    wall, cpu = time.perf_counter() - clock, time.process_time() - cpu
     data = result.to_dict()
     mcts = result.tag
     return {
         "model": model, "gpus": topology.num_devices, "machines": topology.num_machines,
         "racks": len(getattr(topology, "racks", ()) or ()), "topology": topology.name,
-        "budget_s": budget_s, "wall_s": wall, "simulations": result.simulations,
+        "budget_s": budget_s, "wall_s": wall, "cpu_s": cpu, "simulations": result.simulations,
         "mcts_simulations": result.evaluator.simulations, "mcts_wall_s": mcts.wall_s,
         "sims_per_s": result.evaluator.simulations / max(mcts.wall_s, 1e-9),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "loaded_rss_mib": loaded_rss,
@@ -88,30 +88,40 @@ def one_case(model: str, gpus: int, budget_s: float, seed: int) -> dict:
 
 def _median(rows: list[dict]) -> dict:
     out = dict(rows[0])
-    for key in ("wall_s", "simulations", "mcts_simulations", "mcts_wall_s", "sims_per_s", "peak_rss_mib",
+    for key in ("wall_s", "cpu_s", "simulations", "mcts_simulations", "mcts_wall_s", "sims_per_s", "peak_rss_mib",
                 "speedup_vs_dp_nccl", "time_s", "ideal_ratio", "load_average"):
-        values = [r[key] for r in rows if r[key] is not None]
+        values = [r[key] for r in rows if r.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     out["runs"] = len(rows)
+    out["per_run"] = [{k: r[k] for k in ("wall_s", "cpu_s", "simulations", "peak_rss_mib", "speedup_vs_dp_nccl",
+                                          "load_average") if k in r}
+                      for r in rows]
     return out
 
 
 def write_report(report: dict, out: Path) -> None:
     rows = report["results"]
+    models = ",".join(dict.fromkeys(r["model"] for r in rows))
+    sizes = ",".join(str(g) for g in sorted({r["gpus"] for r in rows}))
+    runs = sorted({r.get("runs", 1) for r in rows})
     lines = ["# Planning cost against cluster size", "",
-             f"`python benchmarks/scale.py {report['args']}` on {report['machine']}; `plan(...)` with "
+             f"`python benchmarks/scale.py --models {models} --sizes {sizes} --budget-seconds {report['budget_s']:g} "
+             f"--runs {runs[-1]}` (the cases below, possibly from several invocations: re-runs replace their own "
+             f"cases in scale.json) on {report['machine']}; `plan(...)` with "
              f"`Budget(seconds={report['budget_s']:g})` (set-up, MCTS, MCMC and SFB all inside it); capture and "
-             f"profiling cached, not counted. Median of {report['runs']} run(s) per case; load average is the "
-             "1-minute figure at the end of the run (the machine is shared: timings are noisy).", ""]
+             f"profiling cached, not counted. Median of {'/'.join(map(str, runs))} run(s) per case (column *runs*); "
+             "load average is the median over the runs of the 1-minute figure at the end of each run (the machine "
+             "is shared: timings are noisy).", ""]
     if report.get("note"):
         lines += [report["note"], ""]
-    lines += ["| model | GPUs | machines | racks | wall s | simulations | MCTS sims/s | peak RSS MiB | ×DP-NCCL | "
-              "TAG/ideal | masks | load |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| model | GPUs | machines | racks | wall s | simulations | MCTS sims/s | CPU s | peak RSS MiB | ×DP-NCCL | "
+              "TAG/ideal | masks | load | runs |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         speed = f"{r['speedup_vs_dp_nccl']:.2f}" if r["speedup_vs_dp_nccl"] else "–"
+        cpu = f"{r['cpu_s']:.1f}" if r.get("cpu_s") is not None else "–"
         lines.append(f"| {r['model']} | {r['gpus']} | {r['machines']} | {r['racks']} | {r['wall_s']:.1f} | "
-                     f"{r['simulations']:.0f} | {r['sims_per_s']:.1f} | {r['peak_rss_mib']:.0f} | {speed} | "
-                     f"{r['ideal_ratio']:.2f} | {r['actions']} | {r['load_average']:.1f} |")
+                     f"{r['simulations']:.0f} | {r['sims_per_s']:.1f} | {cpu} | {r['peak_rss_mib']:.0f} | {speed} | "
+                     f"{r['ideal_ratio']:.2f} | {r['actions']} | {r['load_average']:.1f} | {r.get('runs', 1)} |")
     md = out.with_suffix(".md")
     kept = md.read_text().partition("\n## Analysis")[1:] if md.exists() else ("", "")
     md.write_text("\n".join(lines) + "\n" + "".join(kept))
