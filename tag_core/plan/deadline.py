@@ -5,9 +5,11 @@ cached work and not counted). Set-up runs first (simulator, baselines, groups, s
 from the time its simulations took, the work after the search is estimated (SFB's
 candidates, the final, one-device and uncalibrated runs) and held back. MCTS gets most of
 what is left; the estimate is then updated from the search's own simulations, which cost
-more than the set-up's on large clusters, and the MCMC comparison gets what remains. A
-set-up that overruns leaves the search no time, and the plan is the best incumbent (the
-all-machines default at least). With an iterations budget nothing is cut short.
+more than the set-up's on large clusters, and the MCMC comparison gets what remains. SFB
+then solves and tries while more than the final runs' time is left (plan/sfb_step.py), and
+incumbents scored before the search (the best uniform plan) stop where the held-back time
+begins. A set-up that overruns leaves the search no time, and the plan is the best incumbent
+(the all-machines default at least). With an iterations budget nothing is cut short.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ SEARCH_SHARE = 0.75  # of the time after set-up and the held-back work; MCMC get
 # Simulations after the search, at most: an SFB solve and its run for each of up to nine
 # candidates, then the final, one-device and uncalibrated runs.
 SIMULATIONS_AFTER_SEARCH = 21
+# Of those, the runs after SFB (final, one per GPU type and the one-device run, uncalibrated): SFB stops
+# solving and trying when only their time is left.
+FINAL_SIMULATIONS = 6
 
 
 @dataclass
@@ -46,6 +51,20 @@ class Deadline:
     def hold_back(self, seconds_per_simulation: float) -> None:
         """Keep time for the work after the search, at the measured cost of a simulation."""
         self.seconds_per_simulation = seconds_per_simulation
+
+    def searching_allowed(self) -> bool:
+        """Time is left beyond what the work after the search needs (incumbents scored before the search)."""
+        return self.at is None or self.left_s() > self.reserve_s
+
+    def sfb_time_left(self) -> bool:
+        """SFB may solve another MILP: more than the final runs' time is left."""
+        return self.at is None or self.left_s() > FINAL_SIMULATIONS * self.seconds_per_simulation
+
+    def sfb_simulations_left(self) -> int:
+        """Simulations SFB's trials may still run before only the final runs' time is left."""
+        if self.at is None or self.seconds_per_simulation <= 0:
+            return 1 << 30
+        return max(int(self.left_s() / self.seconds_per_simulation) - FINAL_SIMULATIONS, 0)
 
     def search_budget(self, budget: Budget) -> Budget:
         if self.at is None:

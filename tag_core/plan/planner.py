@@ -21,7 +21,7 @@ Steps:
 6. Sufficient Factor Broadcasting (sfb/milp.py): a MILP per synchronised gradient, kept where the
    simulated step gets faster, on MCTS's plan and on the replicate-everything default under
    each of the eight settings of step 3 (DP-NCCL and Horovod among them); the fastest is the
-   plan (`sfb=False` skips this step).
+   plan (`sfb=False` skips this step). MILPs and trial runs stop at the deadline (sfb_step.py).
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 8. One device: when the fastest single device that fits is no slower than the plan, as it may be for a
@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ from tag_core.search.mcts import (
     Score,
     SearchResult,
 )
-from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S, apply_sfb
+from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S
 from tag_core.simulate.comm import CommModel
 from tag_core.simulate.result import SimResult
 from tag_core.simulate.simulator import Simulator
@@ -69,6 +69,7 @@ from tag_core.simulate.strategy import OPTIONS, Strategy
 
 from .deadline import Deadline
 from .progress import search_progress, spinner
+from .sfb_step import default_candidates, sfb_candidates
 from .warm_start import warm_start_actions
 
 DEFAULT_ITERATIONS = 300
@@ -121,12 +122,13 @@ def profile_batch_sizes(batch_size: int, topology: Topology) -> list[int]:
 
 
 def ideal_time_s(sim: Simulator) -> float:
-    per_type: dict[str, float] = {}
+    # Per GPU type, not per device (8192 devices, three types): the same sum, added in device order.
+    types, first = np.unique(sim.dev_gpu_id, return_index=True)
+    step = {int(t): float(sim.compute.times(sim.dev_gpu[int(d)], sim.batch).sum()) for t, d in zip(types, first)}
+    rates = np.array([1.0 / max(step[t], 1e-12) for t in types.tolist()])[np.searchsorted(types, sim.dev_gpu_id)]
     rate = 0.0
-    for gpu in sim.dev_gpu:
-        if gpu.name not in per_type:
-            per_type[gpu.name] = float(sim.compute.times(gpu, sim.batch).sum())
-        rate += 1.0 / max(per_type[gpu.name], 1e-12)
+    for r in rates.tolist():  # sequentially, as before: a pairwise sum would round differently
+        rate += r
     return 1.0 / rate
 
 
@@ -237,15 +239,15 @@ def plan(
         space = ActionSpace.build(sim, speed)
         warm = warm_start_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
         settings_start = time.perf_counter()
-        ev, setup_sims, default, settings = _settings(sim, groups, space, speed)
+        ev, setup_sims, default, settings = _settings(sim, groups, space, speed, deadline)
         deadline.hold_back((time.perf_counter() - settings_start) / max(setup_sims + ev.simulations, 1))
     baseline_s = dp.iteration_time_s if not dp.oom else ev.score(np.full(groups.num_groups, default)).time_s
     cfg = MctsConfig(default=-1 if default == space.all_machines else default)
     search = Mcts(ev, baseline_s, dp.iteration_time_s, seed=seed, prior=prior, config=cfg)
     search.seed_path(np.full(groups.num_groups, default))  # the default plan is the first incumbent
-    if prior is not None and not deadline.passed():
-        uniform = _best_uniform_plan(ev, groups.num_groups)
-        if uniform[0] != default:
+    if prior is not None:
+        uniform = _best_uniform_plan(ev, groups.num_groups, deadline)
+        if uniform is not None and uniform[0] != default:
             search.seed_path(uniform)
     if warm is not None:
         search.seed_path(warm)
@@ -266,8 +268,9 @@ def plan(
     strategy = ev.strategy(chosen)
     if sfb:
         with spinner("SFB: a MILP per synchronised gradient", show_progress):
-            chosen, sfb_settings, decided = _sfb_candidates(sim, groups, space, speed, tag.actions, ev, settings,
-                                                             default, sfb_time_limit_s, deadline)
+            candidates = [(tag.actions, ev, settings)] + default_candidates(
+                groups, default, settings, _setting_evaluators(sim, groups, space, speed))
+            chosen, sfb_settings, decided = sfb_candidates(sim, groups, candidates, sfb_time_limit_s, deadline)
         sfb_report = {**decided.to_dict(sim), "applied_to": "search" if chosen is tag.actions else "default"}
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
@@ -327,13 +330,16 @@ def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult) -> dict[
             "device": device, "why": why}
 
 
-def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
-              speed: np.ndarray) -> tuple[Evaluator, int, int, dict[str, Any]]:
-    """(evaluator, simulations spent, default action, settings) — see step 3 of the module docstring."""
+def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray,
+              deadline: Deadline) -> tuple[Evaluator, int, int, dict[str, Any]]:
+    """(evaluator, simulations spent, default action, settings) — see step 3 of the module docstring. Past
+    the deadline the settings tried so far (the first at least) decide."""
     G = groups.num_groups
     allreduce = space.all_machines
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
     for settings, ev in _setting_evaluators(sim, groups, space, speed):
+        if tried and deadline.passed():
+            break
         score = ev.score(np.full(G, allreduce))
         tried.append(((score.oom, score.time_s), ev, settings))
     spent = len(tried)
@@ -355,9 +361,18 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace,
     _does_not_fit(sim, ev.result(np.full(G, mp_all)))
 
 
-def _best_uniform_plan(ev: Evaluator, num_groups: int) -> np.ndarray:
-    plans = [np.full(num_groups, a) for a in range(ev.space.size)]
-    return min(plans, key=lambda actions: (ev.score(actions).oom, ev.score(actions).time_s))
+def _best_uniform_plan(ev: Evaluator, num_groups: int, deadline: Deadline) -> np.ndarray | None:
+    """The best plan with one action for every group, among those scored while the deadline leaves the
+    search time (None if none was): one simulation per action, hundreds on a large space."""
+    best: tuple[tuple[bool, float], np.ndarray] | None = None
+    for a in range(ev.space.size):
+        if not deadline.searching_allowed():
+            break
+        actions = np.full(num_groups, a)
+        score = ev.score(actions)
+        if best is None or (score.oom, score.time_s) < best[0]:
+            best = ((score.oom, score.time_s), actions)
+    return None if best is None else best[1]
 
 
 def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray):
@@ -367,33 +382,6 @@ def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, sp
             for overlap in (True, False):
                 yield ({"batch_shares": shares_name, "fusion_bytes": fusion, "overlap": overlap},
                        Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=overlap, speed=speed))
-
-
-def _sfb_candidates(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray, search: np.ndarray,
-                    ev: Evaluator, settings: dict, default: int, time_limit_s: float, deadline: Deadline):
-    """SFB on the search's plan and on the replicate-everything default under every setting (DP-NCCL
-    and Horovod among them): with factors broadcast, another of them may win. Returns the fastest as
-    (actions, settings, SfbResult). Decisions depend only on placement, so they are solved once per
-    distinct batch split. Past the deadline only the search's plan is tried."""
-    from tag_core.sfb.milp import decide
-
-    candidates = [(search, ev, settings)]
-    if not settings.get("out_of_memory_mode"):
-        full = np.full(groups.num_groups, default)
-        candidates += [(full, e, {**s, "out_of_memory_mode": False}) for s, e in _setting_evaluators(sim, groups, space, speed)]
-    solved: dict[bytes, list] = {}
-    best = None
-    for actions, e, s in candidates:
-        if best is not None and deadline.passed():
-            break
-        strategy = e.strategy(actions)
-        key = replace(strategy, fusion_bytes=0, overlap=True).key()  # the placement alone
-        if key not in solved:
-            solved[key] = decide(sim, strategy, time_limit_s)
-        result = apply_sfb(sim, strategy, time_limit_s, decisions=solved[key])
-        if best is None or (result.oom, result.time_with_s) < (best[2].oom, best[2].time_with_s):
-            best = (actions, s, result)
-    return best
 
 
 def _does_not_fit(sim: Simulator, result) -> None:

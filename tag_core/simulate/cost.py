@@ -154,22 +154,38 @@ def hierarchical_allgather_time(total_bytes, shares: list[float], per_machine: l
     Several: a ring inside each machine, a ring of the machines' pieces across machines, then what
     came from other machines chained through each machine. Machines work in parallel.
     """
-    shares = np.asarray(shares, dtype=np.float64)
-    bounds = np.cumsum([0] + list(per_machine))
-    pieces = [(shares[a:b], bw) for a, b, bw in zip(bounds[:-1], bounds[1:], intra_gbps) if b > a]
-    if len(pieces) == 1:
-        local, bw = pieces[0]
-        return allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw, intra_latency)
+    pieces = _distinct_pieces(np.asarray(shares, dtype=np.float64), per_machine, intra_gbps)
+    machines = sum(pieces.values())
+    if machines == 1:
+        (n, bw, largest_share, _), = pieces
+        return allgather_time(total_bytes * largest_share * n, n, bw, intra_latency)
     inside = 0.0 * total_bytes
     spread = 0.0 * total_bytes
-    for local, bw in pieces:
-        inside = np.maximum(inside, allgather_time(total_bytes * float(local.max()) * len(local), len(local), bw,
-                                                   intra_latency))
-        spread = np.maximum(spread, broadcast_time(total_bytes * (1.0 - float(local.sum())), len(local), bw,
-                                                   intra_latency))
-    largest = max(float(local.sum()) for local, _ in pieces)
-    across = allgather_time(total_bytes * largest * len(pieces), len(pieces), inter_gbps, inter_latency)
+    for n, bw, largest_share, local_sum in pieces:  # machines alike cost alike: each distinct one once
+        inside = np.maximum(inside, allgather_time(total_bytes * largest_share * n, n, bw, intra_latency))
+        spread = np.maximum(spread, broadcast_time(total_bytes * (1.0 - local_sum), n, bw, intra_latency))
+    largest = max(local_sum for _, _, _, local_sum in pieces)
+    across = allgather_time(total_bytes * largest * machines, machines, inter_gbps, inter_latency)
     return inside + across + spread
+
+
+def _distinct_pieces(shares: np.ndarray, per_machine: list[int], intra_gbps: list[float]) -> dict[tuple, int]:
+    """{(devices, intra Gbit/s, largest share, summed share): machines} over the machines with devices. Each
+    distinct row of shares is reduced once, as the one-machine slice it stands for (the same float sums),
+    so thousands of machines cost a few numpy calls."""
+    counts = np.asarray(per_machine, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    bws = np.asarray(intra_gbps, dtype=np.float64)
+    out: dict[tuple, int] = {}
+    for n in np.unique(counts[counts > 0]).tolist():
+        mine = np.flatnonzero(counts == n)
+        rows = np.column_stack([shares[starts[mine][:, None] + np.arange(n)[None, :]], bws[mine]])
+        distinct, multiplicity = np.unique(rows, axis=0, return_counts=True)
+        for row, k in zip(distinct, multiplicity.tolist()):
+            local = np.ascontiguousarray(row[:n])
+            key = (n, float(row[n]), float(local.max()), float(local.sum()))
+            out[key] = out.get(key, 0) + k
+    return out
 
 
 def ps_time(nbytes: float, workers_per_link: dict[float, int]) -> float:

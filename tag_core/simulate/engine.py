@@ -18,7 +18,6 @@ simulated once: a representative "slot" stands for its whole class, which is exa
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,7 +65,8 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     single_ops = np.flatnonzero(p.kind == SINGLE)
     on[slots.of_dev[p.single_dev[single_ops]], single_ops] = True
     order, pos = _execution_order(ctx, s)
-    cidx = np.full((S, n), -1, dtype=np.int64)
+    # (slots, ops) int32: a plan over 2048 slots of an 18k-op graph would hold 300 MB in int64.
+    cidx = np.full((S, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
     chains, durs, batches, C, Cp = [], [], [], [], []
     for k in range(S):
         d = int(slots.dev[k])
@@ -76,7 +76,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         cidx[k, ops] = np.arange(len(ops))
         cum = np.cumsum(dur)
         chains.append(ops), durs.append(dur), batches.append(eb)
-        C.append(cum.tolist()), Cp.append((cum - dur).tolist())
+        C.append(cum), Cp.append(cum - dur)  # arrays: only the few entries communication touches are read
 
     # ---- communication items, in the order of their consumers ----
     tr_dur = transfer_durations(ctx, t)
@@ -101,14 +101,14 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         np.maximum.at(last, (np.repeat(np.arange(S), len(colls.inp_op)), np.tile(colls.inp_unit, S)), k_in.ravel())
         for sl, u in zip(*np.nonzero(last >= 0)):
             coll_inputs[u].append((int(sl), int(last[sl, u])))
-        k_cons = cidx[:, colls.cons_op]
+        k_cons = cidx[:, colls.cons_op].astype(np.int64)
         k_cons = np.where(k_cons >= 0, k_cons, big)
         first = np.full((S, U), big, dtype=np.int64)
         np.minimum.at(first, (np.repeat(np.arange(S), len(colls.cons_op)), np.tile(colls.cons_unit, S)), k_cons.ravel())
         d_slot, d_unit = np.nonzero(first < big)
         d_k = first[d_slot, d_unit]
-        chain_pos = [pos[c] for c in chains]
-        d_pos = np.array([chain_pos[a][b] for a, b in zip(d_slot.tolist(), d_k.tolist())], dtype=np.int64)
+        d_op = np.array([chains[a][b] for a, b in zip(d_slot.tolist(), d_k.tolist())], dtype=np.int64)
+        d_pos = pos[d_op]
         u_pos = np.full(U, big, dtype=np.int64)
         np.minimum.at(u_pos, d_unit, d_pos)
         keys_pos += [u_pos, d_pos]
@@ -127,11 +127,11 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     def end_at(sl: int, k: int) -> float:
         idx = ext_idx[sl]
         j = bisect_right(idx, k) - 1
-        return C[sl][k] + (ext_val[sl][j] if j >= 0 else 0.0)
+        return float(C[sl][k]) + (ext_val[sl][j] if j >= 0 else 0.0)
 
     def arrive(sl: int, k: int, when: float) -> None:
         # Keep only running maxima of (arrival - C[k-1]): entries come in chain order per slot.
-        val = when - Cp[sl][k]
+        val = when - float(Cp[sl][k])
         vals = ext_val[sl]
         if val <= (vals[-1] if vals else 0.0):
             return
@@ -142,12 +142,15 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
             idx.append(k)
             vals.append(val)
 
-    chan_free: defaultdict[int, float] = defaultdict(float)  # the channels a step uses (4096 machines have 8M)
+    # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels): a
+    # collective over every machine holds thousands, read and set as one array operation, not a Python loop.
+    t_chan, coll_chans = _compact_channels(t.channel, colls.channels)
+    chan_free = np.zeros(1 + max([int(t_chan.max()) if n_t else -1] + [int(c.max()) for c in coll_chans if len(c)]))
     tr_start = np.zeros(n_t)
     tr_end = np.zeros(n_t)
     t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()
-    t_chan, t_dur = t.channel.tolist(), tr_dur.tolist()
-    coll_chans, coll_dur, coll_kind = colls.channels, colls.duration.tolist(), colls.kind.tolist()
+    t_chan, t_dur = t_chan.tolist(), tr_dur.tolist()
+    coll_dur, coll_kind = colls.duration.tolist(), colls.kind.tolist()
     coll_start = np.zeros(len(colls))
     coll_end = np.zeros(len(colls))
     coll_end_l = [0.0] * len(colls)
@@ -157,7 +160,8 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
             k = t_src_k[ref]
             ready = end_at(t_src_slot[ref], k) if k >= 0 else 0.0
             ch = t_chan[ref]
-            st = ready if ready > chan_free[ch] else chan_free[ch]
+            free = float(chan_free[ch])
+            st = ready if ready > free else free
             en = st + t_dur[ref]
             chan_free[ch] = en
             tr_start[ref], tr_end[ref] = st, en
@@ -169,11 +173,10 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
                     barrier = _backward_end(ctx, chains, end_at)
                 ready = max(ready, barrier)
             chans = coll_chans[ref]
-            for ch in chans:
-                ready = max(ready, chan_free[ch])
+            if len(chans):
+                ready = max(ready, float(chan_free[chans].max()))
             en = ready + coll_dur[ref]
-            for ch in chans:
-                chan_free[ch] = en
+            chan_free[chans] = en
             coll_start[ref], coll_end[ref] = ready, en
             coll_end_l[ref] = en
         else:  # delivery of a collective's result to one consumer
@@ -187,7 +190,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         if ext_idx[k]:
             m[ext_idx[k]] = ext_val[k]
             np.maximum.accumulate(m, out=m)
-        end = np.asarray(C[k]) + m
+        end = C[k] + m
         starts.append(end - durs[k])
         ends.append(end)
         if len(end):
@@ -198,6 +201,19 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         iteration = max(iteration, float(coll_end.max()))
     return Schedule(slots, chains, starts, ends, durs, on, cidx, batches, tr_start, tr_end, tr_dur, src_slot,
                     cons_slot, coll_start, coll_end, iteration, t, weight, landing)
+
+
+def _compact_channels(tr_chan: np.ndarray, coll_chans: list) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Channel ids renumbered 0..k-1 over the channels this step uses: the transfers' and, per collective, an
+    index array. Units of one group share their channel tuple (one object), so each distinct tuple is mapped
+    once."""
+    distinct = {id(c): c for c in coll_chans}
+    parts = [np.asarray(tr_chan, dtype=np.int64)] + [np.asarray(c, dtype=np.int64) for c in distinct.values()]
+    used, inverse = np.unique(np.concatenate(parts), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    bounds = np.cumsum([len(x) for x in parts])
+    mapped = dict(zip(distinct, np.split(inverse[bounds[0]:], bounds[1:-1] - bounds[0])))
+    return inverse[:bounds[0]], [mapped[id(c)] for c in coll_chans]
 
 
 def _execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:

@@ -53,44 +53,82 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     An activation lives from its op's start until its last local consumer ends or its last transfer out
     is done; a received buffer from the transfer's start until its consumer ends (times its landing count:
     symmetric machines' buffers dropped by slots.py). Peaks are taken just after each allocation, frees at
-    the same instant first."""
+    the same instant first. Slots are swept in blocks of about CHUNK_ENTRIES chain entries: a plan with
+    thousands of slots of an 18k-op graph has tens of millions of events, gigabytes if sorted at once."""
     S = len(sched.chains)
     t, on, cidx = sched.transfers, sched.on, sched.cidx
     rows, cols = np.nonzero(on[:, ctx.var_inc_op])
     held = np.zeros((S, ctx.num_vars), dtype=bool)
     held[rows, ctx.var_inc_var[cols]] = True
     static = held @ ctx.var_bytes
+    del held, rows, cols
     ops = flat.ops
     size = ctx.act_bytes[ops] * np.where(ctx.batch_scaled[ops], flat.batch / ctx.batch, 1.0)
     free = flat.end.copy()
-    kk, ee = np.nonzero(on[:, ctx.e_src] & on[:, ctx.e_dst])
     base = flat.base
-    np.maximum.at(free, base[kk] + cidx[kk, ctx.e_src[ee]], flat.end[base[kk] + cidx[kk, ctx.e_dst[ee]]])
-    alloc, frees, sizes, slot = [flat.start], [free], [size], [flat.slot]
-    if len(t.cons_op):
+    blocks = _blocks(flat.lens)
+    kk = ee = None
+    for lo, hi in blocks:  # local consumers hold an activation until they end
+        kk, ee = np.nonzero(on[lo:hi, ctx.e_src] & on[lo:hi, ctx.e_dst])
+        kk += lo
+        np.maximum.at(free, base[kk] + cidx[kk, ctx.e_src[ee]], flat.end[base[kk] + cidx[kk, ctx.e_dst[ee]]])
+    del kk, ee  # the last block's pairs: up to CHUNK_ENTRIES x edges
+    n_t = len(t.cons_op)
+    if n_t:
         out = t.src_op >= 0
         src = sched.tr_src_slot[out]
         np.maximum.at(free, base[src] + cidx[src, t.src_op[out]], sched.tr_end[out])
         cons = sched.tr_cons_slot
-        alloc.append(sched.tr_start)
-        frees.append(flat.end[base[cons] + cidx[cons, t.cons_op]])
-        sizes.append(t.nbytes * sched.tr_landing)
-        slot.append(cons)
-    a, f, b, sl = (np.concatenate(x) for x in (alloc, frees, sizes, slot))
+        by_slot = np.argsort(cons, kind="stable")  # transfers per block, in their order
+        t_cons = cons[by_slot]
+        t_alloc = sched.tr_start[by_slot]
+        t_free = flat.end[base[t_cons] + cidx[t_cons, t.cons_op[by_slot]]]
+        t_size = (t.nbytes * sched.tr_landing)[by_slot]
+    peak = np.zeros(S)
+    for lo, hi in blocks:
+        f0, f1 = int(base[lo]), int(base[hi - 1] + flat.lens[hi - 1])
+        a, f, b, sl = flat.start[f0:f1], free[f0:f1], size[f0:f1], flat.slot[f0:f1]
+        if n_t:
+            t0, t1 = np.searchsorted(t_cons, [lo, hi])
+            a, f, b, sl = (np.concatenate(x) for x in ((a, t_alloc[t0:t1]), (f, t_free[t0:t1]), (b, t_size[t0:t1]),
+                                                          (sl, t_cons[t0:t1])))
+        _block_peaks(peak, lo, hi, a, f, b, sl)
+    empty = flat.lens == 0
+    return static + np.where(empty, 0.0, peak)
+
+
+CHUNK_ENTRIES = 1 << 19  # chain entries per block of slots (events twice that: ~100 MB of temporaries)
+
+
+def _blocks(lens: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) runs of slots of about CHUNK_ENTRIES chain entries each (a longer chain is a block alone)."""
+    out, lo, total = [], 0, 0
+    for k, n in enumerate(lens.tolist()):
+        if k > lo and total + n > CHUNK_ENTRIES:
+            out.append((lo, k))
+            lo, total = k, 0
+        total += n
+    if len(lens):
+        out.append((lo, len(lens)))
+    return out
+
+
+def _block_peaks(peak: np.ndarray, lo: int, hi: int, a: np.ndarray, f: np.ndarray, b: np.ndarray,
+                 sl: np.ndarray) -> None:
+    """Peaks of slots lo..hi-1 from their allocations (time a, free time f, bytes b, slot sl), into `peak`."""
     m = len(a)
     # Events per slot in time order, frees before allocations at one instant, allocations in their order.
     when = np.concatenate([a, f])
     is_alloc = np.concatenate([np.ones(m, dtype=bool), np.zeros(m, dtype=bool)])
     where = np.concatenate([sl, sl])
     order = np.lexsort((is_alloc, when, where))  # stable: allocations at one instant keep their order
+    del when
     amount = np.concatenate([b, -b])[order]
     where, is_alloc = where[order], is_alloc[order]
+    del order
     # Live bytes per slot: one cumulative sum, less its value before each slot's first event.
     running = np.cumsum(amount)
-    first = np.searchsorted(where, np.arange(S))
+    first = np.searchsorted(where, np.arange(lo, hi))
     before = np.where(first > 0, running[np.maximum(first - 1, 0)], 0.0)
-    live = running - before[where]
-    peak = np.zeros(S)
+    live = running - before[where - lo]
     np.maximum.at(peak, where[is_alloc], live[is_alloc])
-    empty = flat.lens == 0
-    return static + np.where(empty, 0.0, peak)

@@ -1,0 +1,78 @@
+"""Step 6 of `plan`: Sufficient Factor Broadcasting on the search's plan and the replicate-everything
+defaults, inside the deadline.
+
+`sfb.milp.decide` solves one MILP per synchronised gradient and `apply_sfb` simulates one trial per
+gradient the MILPs chose: on 8192 GPUs that was minutes, after the budget had run out. Here the MILPs
+are solved one at a time until the deadline leaves only the final runs' time, and the trials are capped
+at the simulations that time still pays for (the largest estimated savings first, as `apply_sfb`
+orders them). The search's plan is always a candidate, so a plan past its deadline still reports SFB
+(with the gradients it had time to decide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable
+
+import numpy as np
+
+from tag_core.search.grouping import OpGroups
+from tag_core.search.mcts import Evaluator
+from tag_core.sfb.milp import Decision, SfbResult, _Costs, _solve, apply_sfb, find_subgraphs
+from tag_core.simulate.expand import place
+from tag_core.simulate.simulator import Simulator
+from tag_core.simulate.strategy import Strategy
+
+from .deadline import Deadline
+
+
+def sfb_candidates(sim: Simulator, groups: OpGroups, candidates: Iterable[tuple[np.ndarray, Evaluator, dict]],
+                   time_limit_s: float, deadline: Deadline) -> tuple[np.ndarray, dict, SfbResult]:
+    """SFB on each (actions, evaluator, settings) candidate, the first always, the others while the deadline
+    allows; returns the fastest as (actions, settings, SfbResult). Decisions depend only on placement, so
+    they are solved once per distinct batch split."""
+    solved: dict[bytes, list[Decision]] = {}
+    best = None
+    for actions, e, s in candidates:
+        if best is not None and not deadline.sfb_time_left():
+            break
+        strategy = e.strategy(actions)
+        key = replace(strategy, fusion_bytes=0, overlap=True).key()  # the placement alone
+        if key not in solved:
+            solved[key] = decide_within(sim, strategy, time_limit_s, deadline)
+        result = apply_within(sim, strategy, time_limit_s, solved[key], deadline)
+        if best is None or (result.oom, result.time_with_s) < (best[2].oom, best[2].time_with_s):
+            best = (actions, s, result)
+    return best
+
+
+def default_candidates(groups: OpGroups, default: int, settings: dict, setting_evaluators) -> list[tuple]:
+    """The replicate-everything default under every strategy-wide setting (none in out-of-memory mode)."""
+    if settings.get("out_of_memory_mode"):
+        return []
+    full = np.full(groups.num_groups, default)
+    return [(full, e, {**s, "out_of_memory_mode": False}) for s, e in setting_evaluators]
+
+
+def decide_within(sim: Simulator, strategy: Strategy, time_limit_s: float, deadline: Deadline) -> list[Decision]:
+    """`sfb.milp.decide`, one MILP at a time while `deadline.sfb_time_left()`; gradients not reached get
+    no decision (they keep their sync)."""
+    p = place(sim, replace(strategy, sfb={}))
+    costs = _Costs(sim, strategy, p)
+    decisions = []
+    for sub in find_subgraphs(sim, strategy, placement=p):
+        if not deadline.sfb_time_left():
+            break
+        decisions.append(_solve(sim, sub, costs, time_limit_s))
+    return decisions
+
+
+def apply_within(sim: Simulator, strategy: Strategy, time_limit_s: float, decisions: list[Decision],
+                 deadline: Deadline) -> SfbResult:
+    """`apply_sfb` with at most as many trial simulations as the deadline pays for (one, the plan without
+    SFB, at least); the result lists every decision."""
+    trials = sorted((d for d in decisions if d.status == "sfb"), key=lambda d: -d.saving_s)
+    affordable = deadline.sfb_simulations_left()
+    tried = [d for d in decisions if d.status != "sfb"] + trials[:max(affordable - 1, 0)]
+    result = apply_sfb(sim, strategy, time_limit_s, decisions=tried)
+    return replace(result, decisions=decisions)

@@ -1,0 +1,157 @@
+"""What keeps `plan` inside its seconds budget on thousands of GPUs (issue 21), tested by what it does,
+not by the clock: work before and after the search that does not grow with the machines, SFB and the
+uniform-plan incumbent that stop at the deadline, and exact class-level shortcuts in the simulator."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from simgraphs import profiles, train_graph
+
+from tag_core.cluster import Machine, Topology, lookup_gpu
+from tag_core.plan import plan
+from tag_core.plan.deadline import FINAL_SIMULATIONS, Deadline
+from tag_core.plan.planner import _best_uniform_plan, ideal_time_s
+from tag_core.plan.sfb_step import apply_within
+from tag_core.search import Budget
+from tag_core.search.baselines import device_speed
+from tag_core.search.grouping import OpGroups
+from tag_core.search.space import MODEL_PARALLEL, ActionSpace, Evaluator
+from tag_core.sfb.milp import Decision, SfbResult
+from tag_core.simulate import Simulator, Strategy, memory
+from tag_core.simulate.cost import allgather_time, broadcast_time, hierarchical_allgather_time
+from tag_core.simulate.simulator import Simulator as SimulatorClass
+from tag_core.simulate.strategy import OPTIONS
+
+
+def _cluster(machines_per_type: int) -> Topology:
+    """Two classes of machines, `machines_per_type` of each (more than PER_MACHINE_UP_TO: class masks)."""
+    specs = [(f"v{i}", "V100-32GB") for i in range(machines_per_type)] + \
+            [(f"t{i}", "T4") for i in range(machines_per_type)]
+    return Topology("c", tuple(Machine(n, lookup_gpu(g), 2, 100.0) for n, g in specs), inter_gbps=25.0)
+
+
+def _problem():
+    g = train_graph(layers=4)
+    return g, profiles(g, "cpu", per_sample_us=100.0, constant_us=20.0)
+
+
+def _counting_runs(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    run = SimulatorClass.run
+
+    def counted(self, strategy, timeline=False):
+        calls.append(strategy.num_groups)
+        return run(self, strategy, timeline)
+
+    monkeypatch.setattr(SimulatorClass, "run", counted)
+    return calls
+
+
+def test_a_passed_deadline_simulates_as_often_on_ten_times_the_machines(monkeypatch):
+    """Set-up and the work after the search simulate a fixed number of strategies (baselines, the first
+    setting, the default, SFB's plan without SFB, the final and one-device runs), however many machines."""
+    g, prof = _problem()
+    counts, plans = [], []
+    for per_type in (9, 90):
+        calls = _counting_runs(monkeypatch)
+        p = plan(g, _cluster(per_type), prof, num_groups=4, budget=Budget(seconds=1e-9))
+        monkeypatch.undo()
+        counts.append(len(calls))
+        plans.append(p)
+    assert counts[0] == counts[1] <= 3 + 1 + 1 + 1 + FINAL_SIMULATIONS
+    for p in plans:
+        assert p.sfb["applied_to"] == "search" and p.sfb["solves"] == 0  # no MILP past the deadline
+        data = json.loads(json.dumps(p.to_dict()))  # still a whole plan
+        assert Simulator(g, p.topology, prof).run(Strategy.from_dict(data["strategy"])).iteration_time_s == \
+            pytest.approx(data["tag"]["iteration_time_s"])
+
+
+def _evaluator(topo: Topology):
+    g, prof = _problem()
+    sim = Simulator(g, topo, prof)
+    groups = OpGroups(np.arange(sim.n) % 2, np.ones(2), 0)
+    speed = device_speed(sim)
+    space = ActionSpace.build(sim, speed)
+    return Evaluator(sim, groups, space, speed / speed.sum(), speed=speed)
+
+
+def test_the_uniform_incumbent_scores_nothing_past_the_deadline_and_everything_without_one():
+    ev = _evaluator(_cluster(9))
+    assert _best_uniform_plan(ev, 2, Deadline(at=0.0)) is None and ev.simulations == 0
+    best = _best_uniform_plan(ev, 2, Deadline(at=None))
+    assert ev.simulations == ev.space.size
+    scores = [ev.score(np.full(2, a)) for a in range(ev.space.size)]
+    assert (ev.score(best).oom, ev.score(best).time_s) == min((s.oom, s.time_s) for s in scores)
+
+
+def test_sfb_tries_only_the_simulations_the_deadline_pays_for(monkeypatch):
+    deadline = Deadline(at=None)
+    assert deadline.sfb_time_left() and deadline.sfb_simulations_left() > 10**6
+    late = Deadline(at=0.0, seconds_per_simulation=1.0)
+    assert not late.sfb_time_left() and late.sfb_simulations_left() == 0
+    ev = _evaluator(_cluster(9))
+    strategy = ev.strategy(np.full(2, ev.space.all_machines))
+    decisions = [Decision(f"v{i}", "g", "sfb", duplicated=[i], sync_saved_s=float(i)) for i in range(5)]
+    decisions.append(Decision("w", "g", "no_gain"))
+    seen = []
+    monkeypatch.setattr("tag_core.plan.sfb_step.apply_sfb",
+                        lambda sim, s, limit, decisions: seen.append(decisions) or SfbResult(s, decisions, [], 1.0, 1.0))
+    monkeypatch.setattr(Deadline, "sfb_simulations_left", lambda self: 3)
+    result = apply_within(ev.sim, strategy, 1.0, decisions, late)
+    tried = [d.variable for d in seen[0] if d.status == "sfb"]
+    assert tried == ["v4", "v3"]  # the plan without SFB and two trials: the largest savings
+    assert result.decisions == decisions  # the report still lists every decision
+
+
+def test_ideal_time_per_gpu_type_is_the_per_device_sum():
+    sim = _evaluator(_cluster(9)).sim
+    rate = 0.0
+    for gpu in sim.dev_gpu:
+        rate += 1.0 / max(float(sim.compute.times(gpu, sim.batch).sum()), 1e-12)
+    assert ideal_time_s(sim) == 1.0 / rate
+
+
+def _allgather_reference(total, shares, per_machine, intra, inter, lat_in, lat_out):
+    """The all-gather cost machine by machine (what hierarchical_allgather_time computes once per kind)."""
+    bounds = np.cumsum([0] + list(per_machine))
+    pieces = [(np.asarray(shares[a:b]), bw) for a, b, bw in zip(bounds[:-1], bounds[1:], intra) if b > a]
+    if len(pieces) == 1:
+        local, bw = pieces[0]
+        return allgather_time(total * float(local.max()) * len(local), len(local), bw, lat_in)
+    inside = spread = 0.0 * total
+    for local, bw in pieces:
+        inside = np.maximum(inside, allgather_time(total * float(local.max()) * len(local), len(local), bw, lat_in))
+        spread = np.maximum(spread, broadcast_time(total * (1.0 - float(local.sum())), len(local), bw, lat_in))
+    largest = max(float(local.sum()) for local, _ in pieces)
+    return inside + allgather_time(total * largest * len(pieces), len(pieces), inter, lat_out) + spread
+
+
+def test_the_all_gather_of_many_machines_costs_exactly_what_machine_by_machine_does():
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        per_machine = rng.integers(0, 9, int(rng.integers(1, 12))).tolist()
+        per_machine[0] = max(per_machine[0], 1)
+        raw = rng.choice([1.0, 2.0, 3.0], sum(per_machine)) if trial % 2 else rng.random(sum(per_machine))
+        shares = raw / raw.sum()
+        intra = rng.choice([50.0, 100.0, 300.0], len(per_machine)).tolist()
+        total = rng.random(4) * 1e8 if trial % 3 else 1.5e6
+        got = hierarchical_allgather_time(total, shares, per_machine, intra, 25.0, 1e-6, 5e-6)
+        want = _allgather_reference(total, shares, per_machine, intra, 25.0, 1e-6, 5e-6)
+        assert np.array_equal(np.asarray(got), np.asarray(want)), trial
+
+
+def test_peak_memory_swept_in_small_blocks_of_slots_is_the_same(monkeypatch):
+    ev = _evaluator(_cluster(9))
+    allreduce = ev.space.all_machines
+    ps, model_parallel = allreduce + OPTIONS.index("ps"), allreduce + MODEL_PARALLEL  # many slots each
+    for actions in (np.array([allreduce, model_parallel]), np.array([ps, allreduce])):
+        whole = ev.sim.run(ev.strategy(actions))
+        monkeypatch.setattr(memory, "CHUNK_ENTRIES", 7)
+        blocks = ev.sim.run(ev.strategy(actions))
+        monkeypatch.undo()
+        assert whole.simulated_slots > 2
+        assert blocks.iteration_time_s == whole.iteration_time_s
+        assert np.allclose(blocks.peak_memory_bytes, whole.peak_memory_bytes, rtol=1e-12)
