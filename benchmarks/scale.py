@@ -93,6 +93,7 @@ def _median(rows: list[dict]) -> dict:
         values = [r[key] for r in rows if r.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     out["runs"] = len(rows)
+    out["commit"] = ",".join(dict.fromkeys(r.get("commit") or "?" for r in rows))
     out["per_run"] = [{k: r[k] for k in ("wall_s", "cpu_s", "simulations", "peak_rss_mib", "speedup_vs_dp_nccl",
                                           "load_average") if k in r}
                       for r in rows]
@@ -115,13 +116,15 @@ def write_report(report: dict, out: Path) -> None:
     if report.get("note"):
         lines += [report["note"], ""]
     lines += ["| model | GPUs | machines | racks | wall s | simulations | MCTS sims/s | CPU s | peak RSS MiB | ×DP-NCCL | "
-              "TAG/ideal | masks | load | runs |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "TAG/ideal | masks | load | runs | commit |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         speed = f"{r['speedup_vs_dp_nccl']:.2f}" if r["speedup_vs_dp_nccl"] else "–"
         cpu = f"{r['cpu_s']:.1f}" if r.get("cpu_s") is not None else "–"
         lines.append(f"| {r['model']} | {r['gpus']} | {r['machines']} | {r['racks']} | {r['wall_s']:.1f} | "
                      f"{r['simulations']:.0f} | {r['sims_per_s']:.1f} | {cpu} | {r['peak_rss_mib']:.0f} | {speed} | "
-                     f"{r['ideal_ratio']:.2f} | {r['actions']} | {r['load_average']:.1f} | {r.get('runs', 1)} |")
+                     f"{r['ideal_ratio']:.2f} | {r['actions']} | {r['load_average']:.1f} | {r.get('runs', 1)} | "
+                     f"{r.get('commit') or '–'} |")
     md = out.with_suffix(".md")
     kept = md.read_text().partition("\n## Analysis")[1:] if md.exists() else ("", "")
     md.write_text("\n".join(lines) + "\n" + "".join(kept))
@@ -165,6 +168,10 @@ def main() -> None:
         print(json.dumps(one_case(args.one[0], int(args.one[1]), args.budget_seconds, args.seed)))
         return
     env = bench_env()
+    # The code measured: HEAD, marked when tag_core differs from it (other sessions commit during long runs).
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "tag_core"], cwd=ROOT).returncode:
+        commit += "+dirty"
     out = Path(args.out)
     previous = json.loads(out.read_text()) if out.exists() else {"results": []}
     cases = {(r["model"], r["gpus"]): r for r in previous["results"]}  # re-runs replace their cases only
@@ -178,7 +185,7 @@ def main() -> None:
                                       env=env, cwd=ROOT, capture_output=True, text=True)
                 if done.returncode:
                     raise SystemExit(f"{model}/{gpus} failed:\n{done.stderr[-3000:]}")
-                runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                runs.append({**json.loads(done.stdout.strip().splitlines()[-1]), "commit": commit})
                 r = runs[-1]
                 print(f"{model} {gpus} GPUs: {r['wall_s']:.0f} s, {r['simulations']} sims, "
                       f"{r['peak_rss_mib']:.0f} MiB, x{r['speedup_vs_dp_nccl']}, load {r['load_average']:.1f}",
