@@ -61,13 +61,13 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         weight, landing = slots.weight, slots.landing
     S, n = len(slots.dev), ctx.n
     g_of = s.op_groups
-    on = p.group_active[g_of][:, slots.dev].T & (p.kind != SINGLE)[None, :]
+    on = np.ascontiguousarray(p.group_active[:, slots.dev].T)[:, g_of] & (p.kind != SINGLE)[None, :]  # (slots, ops), row-major
     single_ops = np.flatnonzero(p.kind == SINGLE)
     on[slots.of_dev[p.single_dev[single_ops]], single_ops] = True
     order, pos = _execution_order(ctx, s)
     # (slots, ops) int32: a plan over 2048 slots of an 18k-op graph would hold 300 MB in int64.
     cidx = np.full((S, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
-    chains, durs, batches, C, Cp = [], [], [], [], []
+    chains, durs, batches, C = [], [], [], []
     for k in range(S):
         d = int(slots.dev[k])
         ops = order[on[k, order]]
@@ -75,8 +75,10 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         dur = _durations(ctx, ctx.dev_gpu[d], ops, eb)
         cidx[k, ops] = np.arange(len(ops))
         cum = np.cumsum(dur)
-        chains.append(ops), durs.append(dur), batches.append(eb)
-        C.append(cum), Cp.append(cum - dur)  # arrays: only the few entries communication touches are read
+        # int32 ops, and C[k] - dur[k] (when op k may start) read where needed: at 681 slots of an 18k-op
+        # graph each array per (slot, op) is 100 MB.
+        chains.append(ops.astype(np.int32)), durs.append(dur), batches.append(eb)
+        C.append(cum)
 
     # ---- communication items, in the order of their consumers ----
     tr_dur = transfer_durations(ctx, t)
@@ -131,7 +133,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
 
     def arrive(sl: int, k: int, when: float) -> None:
         # Keep only running maxima of (arrival - C[k-1]): entries come in chain order per slot.
-        val = when - float(Cp[sl][k])
+        val = when - (float(C[sl][k]) - float(durs[sl][k]))
         vals = ext_val[sl]
         if val <= (vals[-1] if vals else 0.0):
             return

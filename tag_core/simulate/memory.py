@@ -27,9 +27,10 @@ class Flat:
 def flatten(sched) -> Flat:
     lens = np.array([len(c) for c in sched.chains], dtype=np.int64)
     base = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-    cat = lambda xs, dtype: np.concatenate(xs).astype(dtype) if len(xs) else np.zeros(0, dtype)  # noqa: E731
-    return Flat(cat(sched.chains, np.int64), np.repeat(np.arange(len(lens)), lens), cat(sched.start, np.float64),
-                cat(sched.end, np.float64), cat(sched.batch, np.float64), base, lens)
+    cat = lambda xs, dtype: np.concatenate(xs).astype(dtype, copy=False) if len(xs) else np.zeros(0, dtype)  # noqa: E731
+    index = np.int32 if len(lens) < 2**31 else np.int64  # ops and slots: tens of millions of entries
+    return Flat(cat(sched.chains, index), np.repeat(np.arange(len(lens), dtype=index), lens),
+                cat(sched.start, np.float64), cat(sched.end, np.float64), cat(sched.batch, np.float64), base, lens)
 
 
 def op_times(n: int, flat: Flat, iteration: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -55,7 +56,7 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     symmetric machines' buffers dropped by slots.py). Peaks are taken just after each allocation, frees at
     the same instant first. Slots are swept in blocks of about CHUNK_ENTRIES chain entries: a plan with
     thousands of slots of an 18k-op graph has tens of millions of events, gigabytes if sorted at once."""
-    S = len(sched.chains)
+    S = len(flat.lens)
     t, on, cidx = sched.transfers, sched.on, sched.cidx
     rows, cols = np.nonzero(on[:, ctx.var_inc_op])
     held = np.zeros((S, ctx.num_vars), dtype=bool)

@@ -203,6 +203,8 @@ class Simulator:
         S, T = len(slots.dev), sched.iteration
         busy = np.array([float(d.sum()) for d in sched.dur])
         flat = flatten(sched)
+        if not want_timeline:  # the flat copies serve from here: drop the per-slot ones before the peak
+            sched.chains = sched.start = sched.end = sched.dur = sched.batch = None
         op_start, op_end, op_idle = op_times(self.n, flat, T)
         peak = slot_peaks(self, sched, flat)
         G = s.num_groups
