@@ -1,7 +1,7 @@
 """One-device fidelity: the simulator's predicted step time against the step `tag run` measures.
 
     python benchmarks/fidelity_one_device.py [--models mlp,small_cnn,...] [--rounds 2] [--steps 20]
-                                             [--label after] [--root CHECKOUT]
+                                             [--warmup 3] [--label after] [--root CHECKOUT]
 
 1. `tag calibrate --local 2 --out local-2.json` once: this machine as two pinned single-core TF servers,
    with the runtime's cost of launching a step (the prediction's per-step term; compute comes from the
@@ -74,7 +74,7 @@ def run(argv: list[str], env: dict, root: Path) -> str:
     return done.stdout
 
 
-def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps: int) -> dict:
+def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps: int, warmup: int) -> dict:
     """Everything for one model (run in a process of its own by main)."""
     reference, profiled, between = MODELS[key]
     env, tag = environment(root, home), tag_command(root)
@@ -96,10 +96,10 @@ def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps
     emitted = time.perf_counter()
     seconds: dict[int, list[float]] = {b: [] for b in sizes}
     loads = [os.getloadavg()[0]]
-    for _ in range(rounds):  # the sizes interleaved: a change of load hits each alike
-        for b in sizes:
-            out = json.loads(run([*tag, "run", str(folders[b]), "--measure", "--steps", str(steps), "--warmup", "3",
-                                  "--json"], env, root))
+    for r in range(rounds):  # the sizes interleaved (a change of load hits each alike), each round from the next
+        for b in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+            out = json.loads(run([*tag, "run", str(folders[b]), "--measure", "--steps", str(steps),
+                                  "--warmup", str(warmup), "--json"], env, root))
             seconds[b] += [s["seconds"] for s in out["steps"] if not s.get("warmup")]
             servers = out.get("servers")
         loads.append(os.getloadavg()[0])
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each run's timed ones")
     parser.add_argument("--label", default="after")
     parser.add_argument("--root", default=str(ROOT), help="the checkout whose tag runs (default this one)")
     parser.add_argument("--commit", help="what --root holds, for the record (default: its git HEAD)")
@@ -163,7 +164,7 @@ def main() -> None:
     root = Path(args.root).resolve()
     home = args.home or os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix=f"tag-fidelity-1-{args.label}-")
     if args.one:
-        print(json.dumps(one_model(args.one, root, home, args.topology, args.rounds, args.steps)))
+        print(json.dumps(one_model(args.one, root, home, args.topology, args.rounds, args.steps, args.warmup)))
         return
     Path(home).mkdir(parents=True, exist_ok=True)
     env = environment(root, home)
@@ -186,11 +187,13 @@ def main() -> None:
     report.update({"label": args.label, "commit": commit, "home": home,
                    "machine": f"{platform.machine()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
                               "shared with other jobs", "rounds": args.rounds, "steps": args.steps,
+                   "warmup": args.warmup,
                    "calibration": json.loads(calibrated.read_text())})
     for key in args.models.split(","):
         say(f"[{args.label}] {key}: {MODELS[key][0]}")
         child = wrapped([sys.executable, str(Path(__file__).resolve()), "--one", key, "--root", str(root),
                          "--topology", topology, "--rounds", str(args.rounds), "--steps", str(args.steps),
+                         "--warmup", str(args.warmup),
                          "--label", args.label], {**env, "TAG_HOME": home}, ROOT)
         if child["rc"] != 0:
             raise SystemExit(f"{key} failed:\n{child['err']}")
@@ -232,7 +235,8 @@ def markdown(merged: dict) -> str:
     for label, report in merged.items():
         s = report["summary"]
         lines += [f"## {label} (code at {report['commit']})", "",
-                  f"{report['machine']}; {report['rounds']} rounds of {report['steps']} timed steps per size; "
+                  f"{report['machine']}; {report['rounds']} rounds of {report['steps']} timed steps per size "
+                  f"(after {report.get('warmup', 3)} warm-up steps each); "
                   f"calibration launch cost per step {report['calibration']['overheads'].get('per_step_s', 0) * 1e3:.2f} ms; "
                   f"total wall time {report['wall_s'] / 60:.1f} min.", "",
                   f"**Median |error|: {abs(s['profiled']['median_abs_error']) * 100:.1f}% at profiled sizes "
