@@ -258,6 +258,7 @@ def plan(
     if ev.simulations > searched_from:  # the search's plans are dearer to simulate than the set-up's uniform ones
         deadline.hold_back(max(deadline.seconds_per_simulation, tag.wall_s / (ev.simulations - searched_from)))
     tag.simulations += setup_sims
+    deadline.slowest_s = ev.slowest_s
     mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
     mcmc_budget = deadline.mcmc_budget(mcmc_simulations or max(ev.simulations, 1))
     with spinner("MCMC, the comparison search", show_progress):

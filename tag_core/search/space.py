@@ -9,6 +9,7 @@ and simulates each distinct one once (its cache is keyed by the class-level acti
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -175,6 +176,7 @@ class Evaluator:
         self._edges_by_group: dict[int, np.ndarray] | None = None
         self.cache: dict[bytes, Score] = {}
         self.simulations = 0
+        self.slowest_s = 0.0  # the slowest simulation so far: what one more may overrun a seconds budget by
         self._recent: OrderedDict[bytes, SimResult] = OrderedDict()
         self._keep = keep_results
 
@@ -220,7 +222,7 @@ class Evaluator:
         key = np.asarray(actions, dtype=np.int64).tobytes()
         hit = self.cache.get(key)
         if hit is None:
-            result = self.sim.run(self.strategy(actions))
+            result = self._run(actions)
             self.simulations += 1
             hit = self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
             self._remember(key, result)
@@ -232,12 +234,18 @@ class Evaluator:
         key = np.asarray(actions, dtype=np.int64).tobytes()
         result = self._recent.get(key)
         if result is None:
-            result = self.sim.run(self.strategy(actions))
+            result = self._run(actions)
             if key not in self.cache:
                 self.simulations += 1
                 self.cache[key] = Score(float(result.iteration_time_s), bool(result.oom))
             self._remember(key, result)
             result = self._recent[key]
+        return result
+
+    def _run(self, actions: np.ndarray) -> SimResult:
+        clock = time.perf_counter()
+        result = self.sim.run(self.strategy(actions))
+        self.slowest_s = max(self.slowest_s, time.perf_counter() - clock)
         return result
 
     def _per_op_group(self, result: SimResult) -> SimResult:
