@@ -18,8 +18,7 @@ import numpy as np
 
 from tag_core.search.grouping import OpGroups
 from tag_core.search.mcts import Evaluator
-from tag_core.sfb.milp import Decision, SfbResult, _Costs, _solve, apply_sfb, find_subgraphs
-from tag_core.simulate.expand import place
+from tag_core.sfb.milp import Decision, SfbResult, apply_sfb, decide
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import Strategy
 
@@ -55,16 +54,8 @@ def default_candidates(groups: OpGroups, default: int, settings: dict, setting_e
 
 
 def decide_within(sim: Simulator, strategy: Strategy, time_limit_s: float, deadline: Deadline) -> list[Decision]:
-    """`sfb.milp.decide`, one MILP at a time while `deadline.sfb_time_left()`; gradients not reached get
-    no decision (they keep their sync)."""
-    p = place(sim, replace(strategy, sfb={}))
-    costs = _Costs(sim, strategy, p)
-    decisions = []
-    for sub in find_subgraphs(sim, strategy, placement=p):
-        if not deadline.sfb_time_left():
-            break
-        decisions.append(_solve(sim, sub, costs, time_limit_s))
-    return decisions
+    """`sfb.milp.decide` while `deadline.sfb_time_left()`."""
+    return decide(sim, strategy, time_limit_s, keep_going=deadline.sfb_time_left)
 
 
 def apply_within(sim: Simulator, strategy: Strategy, time_limit_s: float, decisions: list[Decision],

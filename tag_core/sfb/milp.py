@@ -29,7 +29,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -143,12 +143,16 @@ def find_subgraphs(sim: Simulator, strategy: Strategy, depth: int = DEFAULT_DEPT
 
 
 def decide(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-           depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS) -> list[Decision]:
-    """The MILP's answer for every synchronised gradient of `strategy`."""
+           depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS,
+           keep_going: Callable[[], bool] | None = None) -> list[Decision]:
+    """The MILP's answer for every synchronised gradient of `strategy`, one MILP at a time while
+    `keep_going()` (a planner's deadline); gradients not reached get no decision and keep their sync."""
     p = place(sim, replace(strategy, sfb={}))
     costs = _Costs(sim, strategy, p)
     decisions = []
     for sub in find_subgraphs(sim, strategy, depth, max_ops, placement=p):
+        if keep_going is not None and not keep_going():
+            break
         decisions.append(_solve(sim, sub, costs, time_limit_s))
     return decisions
 
