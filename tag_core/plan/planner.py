@@ -332,14 +332,14 @@ def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult) -> dict[
 
 
 def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray,
-              deadline: Deadline) -> tuple[Evaluator, int, int, dict[str, Any]]:
+              deadline: Deadline | None = None) -> tuple[Evaluator, int, int, dict[str, Any]]:
     """(evaluator, simulations spent, default action, settings) — see step 3 of the module docstring. Past
-    the deadline the settings tried so far (the first at least) decide."""
+    the deadline (if any) the settings tried so far (the first at least) decide."""
     G = groups.num_groups
     allreduce = space.all_machines
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
     for settings, ev in _setting_evaluators(sim, groups, space, speed):
-        if tried and deadline.passed():
+        if tried and deadline is not None and deadline.passed():
             break
         score = ev.score(np.full(G, allreduce))
         tried.append(((score.oom, score.time_s), ev, settings))
