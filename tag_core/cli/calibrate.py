@@ -55,9 +55,7 @@ def register(subparsers) -> None:
     parser.add_argument("--name", help="with --local: the topology's name (default local-N)")
     parser.add_argument("--sizes", type=byte_sizes, default=None,
                         help="payload sizes (default 4K,64K,1M,16M,64M)")
-    parser.add_argument("--repeats", type=positive_int, default=7,
-                        help="timed runs per measurement, at least (default 7; one of a few ms runs more, "
-                             "until 0.5 s or 8x)")
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per measurement (default 7)")
     parser.add_argument("--warmup", type=positive_int, default=2, help="untimed runs first (default 2)")
     parser.add_argument("--group-sizes", type=positive_int_list,
                         help="collective group sizes (default 2, the powers of two, and all tasks)")

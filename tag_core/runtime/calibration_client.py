@@ -63,11 +63,6 @@ def wait_for_tasks(session, tasks: int, wait_s: float) -> list[list[str]]:
 
 
 ATTEMPTS = 3  # a series whose payload a burst of load hid is measured again, this many times in all
-# A cheap series (a step's launch, a tiny transfer) runs more than `repeats` times, until its timed runs fill
-# this long or reach MAX_REPEAT_FACTOR x repeats: seven runs of a 5 ms launch gave medians from 4 to 8 ms on
-# a shared machine, an error the size of a small model's step.
-MIN_SERIES_S = 0.5
-MAX_REPEAT_FACTOR = 8
 
 
 def time_series(series: Series, settings: CalibrationSettings, timed: Callable) -> list[Sample]:
@@ -81,9 +76,7 @@ def time_series(series: Series, settings: CalibrationSettings, timed: Callable) 
             if series.base is not None:
                 timed(series.base, series.label)
         base_times, target_times = [], []
-        started, most = time.perf_counter(), MAX_REPEAT_FACTOR * settings.repeats
-        while len(target_times) < settings.repeats or (
-                time.perf_counter() - started < MIN_SERIES_S and len(target_times) < most):
+        for _ in range(settings.repeats):
             if series.base is not None:
                 base_times.append(timed(series.base, series.label))
             target_times.append(timed(series.target, series.label, target_feed))
