@@ -110,14 +110,13 @@ def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance
     assert sfb_run.success
     with store.connect(env / "tag_home" / "tag.duckdb", read_only=True) as conn:
         table = store.load_sfb_decisions(conn, MODEL, "small")
+        graph = load_op_graph(conn, MODEL)
     latest = json.loads(plans[plans.plan_id == second_id].iloc[0].plan)
     assert sorted(table.variable) == sorted(g["variable"] for g in latest["sfb"]["gradients"])
     assert set(table.plan_id) <= {second_id}
     sfb_meta = sfb_run.asset_materializations_for_node("sfb_decisions")[0].metadata
     # Every gradient the plan synchronises was considered (none when the search chose a plan without
     # replicated variables, which the profiles of a slower machine may make the fastest).
-    with store.connect(env / "tag_home" / "tag.duckdb", read_only=True) as conn:
-        graph = load_op_graph(conn, MODEL)
     sim = Simulator(graph, parse_topology(snapshot["snapshot"]), batch_size=latest["batch_size"])
     synchronised = len(find_subgraphs(sim, Strategy.from_dict(latest)))
     assert sfb_meta["considered"].value == latest["sfb"]["considered"] == synchronised

@@ -38,7 +38,7 @@ def sfb_candidates(sim: Simulator, groups: OpGroups, candidates: Iterable[tuple[
         strategy = e.strategy(actions)
         key = replace(strategy, fusion_bytes=0, overlap=True).key()  # the placement alone
         if key not in solved:
-            solved[key] = decide_within(sim, strategy, time_limit_s, deadline)
+            solved[key] = decide(sim, strategy, time_limit_s, keep_going=deadline.sfb_time_left)
         result = apply_within(sim, strategy, time_limit_s, solved[key], deadline)
         if best is None or (result.oom, result.time_with_s) < (best[2].oom, best[2].time_with_s):
             best = (actions, s, result)
@@ -51,11 +51,6 @@ def default_candidates(groups: OpGroups, default: int, settings: dict, setting_e
         return []
     full = np.full(groups.num_groups, default)
     return [(full, e, {**s, "out_of_memory_mode": False}) for s, e in setting_evaluators]
-
-
-def decide_within(sim: Simulator, strategy: Strategy, time_limit_s: float, deadline: Deadline) -> list[Decision]:
-    """`sfb.milp.decide` while `deadline.sfb_time_left()`."""
-    return decide(sim, strategy, time_limit_s, keep_going=deadline.sfb_time_left)
 
 
 def apply_within(sim: Simulator, strategy: Strategy, time_limit_s: float, decisions: list[Decision],
