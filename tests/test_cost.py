@@ -263,3 +263,19 @@ def test_pods_add_a_tier_and_levels_set_latency_and_bandwidth():
     matrix = calibrated.machine_bandwidth(topo)
     assert matrix[0, 1] == 10 and matrix[0, 2] == 40 and matrix[0, 7] == 30
     assert calibrated.pair_terms(topo, 0, 1)[0] == 10
+
+
+def test_op_medians_add_up_to_the_median_step():
+    g = train_graph()
+    cpu = CATALOG["cpu"]
+    mm, loss = g.index["mm0"], g.index["loss"]
+    # Each op is slow in another run: the medians (40 + 5 + 4 = 49 µs) miss the median step, 53 µs.
+    runs = {4: {"mm0": [(40, 0), (40, 0), (60, 0)], "loss": [(5, 4), (9, 4), (5, 0)]}}
+    model = ComputeModel(g, _with_overhead(g, "cpu", runs))
+    times = model.times(cpu, 4)
+    step = sorted(sum(t + o for t, o in (ops[r] for ops in runs[4].values())) for r in range(3))[1]
+    assert step == 53 and times[[mm, loss]].sum() == pytest.approx(step * 1e-6)
+    assert times[mm] / times[loss] == pytest.approx(40 / 9)  # scaled alike: each op keeps its share
+    # With one run per batch, or runs whose medians already add up to the median step, nothing changes.
+    single = ComputeModel(g, _with_overhead(g, "cpu", {4: {"mm0": [(40, 2)], "loss": [(5, 1)]}}))
+    assert single.times(cpu, 4)[[mm, loss]] == pytest.approx([42e-6, 6e-6])

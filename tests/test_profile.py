@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from shared_stores import building, copy_store
 
@@ -168,11 +169,17 @@ def test_the_cost_model_adds_the_measured_overhead_per_op(profiled):
     conn, spec = profiled
     from tag_core.cluster import CATALOG, Machine, Topology
     from tag_core.simulate import ComputeModel, Simulator, Strategy
+    from tag_core.simulate.cost import GPU_LAUNCH_FLOOR_S
 
     graph = load_op_graph(conn, spec.name)
     frame = store.load_profiles(conn, spec.name, "cpu")
     model = ComputeModel(graph, frame)
     medians = frame.groupby(["op", "batch_size"])[["time_us", "overhead_us"]].median()
+    # Scaled per batch so that the ops add up to the median run's step.
+    per_run = (frame.time_us + frame.overhead_us).groupby([frame.batch_size, frame.run]).sum()
+    run_step = per_run.groupby(level=0).median()
+    summed = medians.sum(axis=1).groupby(level="batch_size").sum()
+    medians = medians.mul((run_step / summed).reindex(medians.index.get_level_values("batch_size")).to_numpy(), axis=0)
     names = [op.name for op in graph.ops]
     # Ops whose work does not grow with the batch take their median over the profiled batches.
     flat = medians.groupby("op").median().reindex(names)
@@ -193,7 +200,14 @@ def test_the_cost_model_adds_the_measured_overhead_per_op(profiled):
     assert single == pytest.approx(with_overhead.sum(), rel=1e-9)
     # Another device type gets the kernels scaled by roofline, never the CPU executor's overhead.
     v100 = CATALOG["V100-32GB"]
-    assert model.times(v100, 4) == pytest.approx(ComputeModel(graph, frame.drop(columns="overhead_us")).times(v100, 4))
+    # (Its kernels carry the profile's step factor, so they differ from a kernels-only profile's by one ratio.)
+    with_cpu_overhead = model.times(v100, 4)
+    kernels_only = ComputeModel(graph, frame.drop(columns="overhead_us")).times(v100, 4)
+    above = (with_cpu_overhead > GPU_LAUNCH_FLOOR_S) & (kernels_only > GPU_LAUNCH_FLOOR_S)
+    ratio = with_cpu_overhead[above] / kernels_only[above]
+    assert above.sum() >= 2 and ratio == pytest.approx(np.full(above.sum(), np.median(ratio)), rel=1e-9)
+    floor = GPU_LAUNCH_FLOOR_S * 0.05
+    assert with_cpu_overhead[~above] == pytest.approx(kernels_only[~above], abs=floor)  # both at the floor
 
 
 def test_profiling_pins_to_the_runtimes_first_core_with_one_thread():

@@ -5,7 +5,8 @@ Compute time of an op on a device type at a batch size:
 1. Measured: the median over profiled runs for that (op, device type, batch size) of the op's
    traced time plus, where the profile measured it, the executor's cost of running the op that
    traces leave out (`overhead_us`: dispatch per node it ran and its share of the nodes outside
-   the OpGraph, tag_core.profile.profiler), each piecewise-linear over batch size, extrapolated
+   the OpGraph, tag_core.profile.profiler), scaled per batch so that the ops add up to the median
+   run's step (`_step_factors`), each piecewise-linear over batch size, extrapolated
    linearly beyond the profiled batches. An op the profiled runtime did not run (fed, folded or
    fused) then costs nothing; profiles without the overhead (imported, older) are clamped at the
    device's per-kernel launch floor instead. Ops that do not scale with the batch (no input or output
@@ -246,6 +247,7 @@ class ComputeModel:
         frame = frame.assign(overhead_us=pd.to_numeric(overhead, errors="coerce"))
         keys = ["device_type", "op", "batch_size"]
         medians = frame.groupby(keys, sort=True)[["time_us", "overhead_us"]].median().reset_index()
+        medians[["time_us", "overhead_us"]] *= _step_factors(frame, medians)[:, None]
         for device_type, rows in medians.groupby("device_type", sort=True):
             batches = np.sort(rows["batch_size"].unique()).astype(np.float64)
             times = np.full((self.n, len(batches)), np.nan)
@@ -335,6 +337,22 @@ class ComputeModel:
             constant = filled[:, 0]
         out = np.where(self.batch_scaled, scaled, constant)
         return np.nan_to_num(out, nan=0.0)
+
+
+def _step_factors(frame: pd.DataFrame, medians: pd.DataFrame) -> np.ndarray:
+    """Per row of `medians`: the median over runs of the step's total (all ops of one run, kernel plus
+    overhead) over the sum of the ops' medians, at that row's device type and batch. Per-op times are
+    skewed to the right (a hiccup slows a few ops of a run), so the sum of their medians falls short of
+    the median step by 1-5% (measured on the zoo's CPU profiles); scaled, they add up to it again."""
+    if "run" not in frame:
+        return np.ones(len(medians))
+    by_batch = ["device_type", "batch_size"]
+    total = frame["time_us"] + frame["overhead_us"].fillna(0.0)
+    runs = total.groupby([frame[k] for k in [*by_batch, "run"]]).sum().groupby(level=by_batch).median()
+    summed = (medians["time_us"] + medians["overhead_us"].fillna(0.0)).groupby([medians[k] for k in by_batch]).sum()
+    factor = (runs / summed).where(summed > 0).fillna(1.0)
+    index = pd.MultiIndex.from_frame(medians[by_batch])
+    return factor.reindex(index).fillna(1.0).to_numpy(dtype=np.float64)
 
 
 def _fill_rows(times: np.ndarray) -> np.ndarray:
