@@ -2,6 +2,7 @@
 
     python benchmarks/fidelity_one_device.py [--models mlp,small_cnn,...] [--rounds 2] [--steps 20]
                                              [--warmup 3] [--label after] [--root CHECKOUT]
+    python benchmarks/fidelity_one_device.py --repredict LABEL
 
 1. `tag calibrate --local 2 --out local-2.json` once: this machine as two pinned single-core TF servers,
    with the runtime's cost of launching a step (the prediction's per-step term; compute comes from the
@@ -85,14 +86,7 @@ def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps
     run([*tag, "profile", reference, "--batch-sizes", ",".join(map(str, profiled)), "--runs", "5", "--warmup", "2"],
         env, root)
     profiled_at = time.perf_counter()
-    folders, predictions = {}, {}
-    for b in sizes:
-        folder = Path(home) / "emit" / f"{key}-b{b}"
-        folder.parent.mkdir(parents=True, exist_ok=True)  # tag emit refuses a missing parent folder
-        run([*tag, "emit", reference, "--strategy", "single", "--topology", topology, "--device-kind", "cpu",
-             "--batch-size", str(b), "--out", str(folder), "--force", "--json"], env, root)
-        predicted = json.loads((folder / "plan.json").read_text()).get("prediction") or {}
-        folders[b], predictions[b] = folder, predicted
+    folders, predictions = emit_all(key, sizes, root, home, topology)
     emitted = time.perf_counter()
     seconds: dict[int, list[float]] = {b: [] for b in sizes}
     loads = [os.getloadavg()[0]]
@@ -108,17 +102,49 @@ def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps
         ts = sorted(seconds[b])
         measured = statistics.median(ts)
         q1, q3 = ts[len(ts) // 4], ts[(3 * len(ts)) // 4]
-        full = predictions[b].get("iteration_time_s")
-        compute = max(predictions[b].get("busy_s") or [0.0])
         rows.append({"batch_size": b, "profiled": b in profiled, "measured_s": measured, "iqr_s": q3 - q1,
-                     "steps": len(ts), "predicted_s": full, "predicted_compute_s": compute,
-                     "launch_s": (full - compute) if full is not None else None,
-                     "error": (full - measured) / measured if full is not None else None,
-                     "compute_error": (compute - measured) / measured})
+                     "steps": len(ts), **against(predictions[b], measured)})
     return {"key": key, "model": reference, "profiled_batches": list(profiled), "unprofiled_batch": between,
             "servers": servers, "rows": rows, "profile_steps": profile_steps(reference, env, root),
             "capture_s": captured - started, "profile_s": profiled_at - captured, "emit_s": emitted - profiled_at,
             "measure_s": time.perf_counter() - emitted, "load_1min": loads}
+
+
+def emit_all(key: str, sizes: list[int], root: Path, home: str, topology: str) -> tuple[dict, dict]:
+    """`tag emit` of the single-device step at each size: its folder and the prediction plan.json records."""
+    env, tag = environment(root, home), tag_command(root)
+    folders, predictions = {}, {}
+    for b in sizes:
+        folder = Path(home) / "emit" / f"{key}-b{b}"
+        folder.parent.mkdir(parents=True, exist_ok=True)  # tag emit refuses a missing parent folder
+        run([*tag, "emit", MODELS[key][0], "--strategy", "single", "--topology", topology, "--device-kind", "cpu",
+             "--batch-size", str(b), "--out", str(folder), "--force", "--json"], env, root)
+        folders[b] = folder
+        predictions[b] = json.loads((folder / "plan.json").read_text()).get("prediction") or {}
+    return folders, predictions
+
+
+def against(prediction: dict, measured: float) -> dict:
+    """A row's predicted figures and errors against its measured step."""
+    full = prediction.get("iteration_time_s")
+    compute = max(prediction.get("busy_s") or [0.0])
+    return {"predicted_s": full, "predicted_compute_s": compute,
+            "launch_s": (full - compute) if full is not None else None, "error": (full - measured) / measured if full is not None else None,
+            "compute_error": (compute - measured) / measured}
+
+
+def repredict(report: dict, root: Path, commit: str) -> dict:
+    """`report`'s measured steps against predictions the code at `root` makes from the profiles and calibration
+    stored in the report's home: what a change of the cost model does, without measuring again."""
+    topology = str(Path(report["home"]) / "local-2.json")
+    models = []
+    for m in report["models"]:
+        say(f"[{report['label']}, re-predicted] {m['key']}")
+        _, predictions = emit_all(m["key"], [r["batch_size"] for r in m["rows"]], root, report["home"], topology)
+        rows = [{**r, **against(predictions[r["batch_size"]], r["measured_s"])} for r in m["rows"]]
+        models.append({**m, "rows": rows})
+    return {**report, "label": f"{report['label']}, re-predicted", "commit": commit,
+            "repredicted_from": report["label"], "models": models, "summary": summarise(models)}
 
 
 def profile_steps(reference: str, env: dict, root: Path) -> list[dict]:
@@ -158,6 +184,8 @@ def main() -> None:
     parser.add_argument("--commit", help="what --root holds, for the record (default: its git HEAD)")
     parser.add_argument("--home", help="TAG_HOME for this label (default $TAG_HOME, else a fresh temporary folder); "
                                        "a second run with the same home reuses its captures and calibration")
+    parser.add_argument("--repredict", metavar="LABEL", help="predict LABEL's measured steps again with this code, from "
+                        "the profiles and calibration in its home (no new measurement); writes 'LABEL, re-predicted'")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: one model, prints JSON
     parser.add_argument("--topology", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -166,10 +194,19 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_model(args.one, root, home, args.topology, args.rounds, args.steps, args.warmup)))
         return
-    Path(home).mkdir(parents=True, exist_ok=True)
-    env = environment(root, home)
     commit = args.commit or subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                                            capture_output=True, text=True).stdout.strip()
+    path = HERE / "fidelity_one_device.json"
+    if args.repredict:
+        merged = json.loads(path.read_text())
+        report = repredict(merged[args.repredict], root, commit)
+        merged[report["label"]] = report
+        path.write_text(json.dumps(merged, indent=2) + "\n")
+        (HERE / "fidelity_one_device.md").write_text(markdown(merged))
+        say(json.dumps(report["summary"]))
+        return
+    Path(home).mkdir(parents=True, exist_ok=True)
+    env = environment(root, home)
     topology = str(Path(home) / "local-2.json")
     calibrated = Path(home) / "calibration.json"
     if not calibrated.exists():  # once per home: every model of a label is predicted with the same calibration
@@ -181,7 +218,6 @@ def main() -> None:
         terms = json.loads(calibration["out"])
         calibrated.write_text(json.dumps({"overheads": terms.get("overheads") or terms.get("terms", {}).get("overheads"),
                                           "wall_s": calibration["wall_s"], "peak_rss_mib": calibration["peak_rss_mib"]}))
-    path = HERE / "fidelity_one_device.json"
     merged = json.loads(path.read_text()) if path.exists() else {}
     report = merged.get(args.label) or {"models": []}
     report.update({"label": args.label, "commit": commit, "home": home,
@@ -239,6 +275,9 @@ def markdown(merged: dict) -> str:
                   f"(after {report.get('warmup', 3)} warm-up steps each); "
                   f"calibration launch cost per step {report['calibration']['overheads'].get('per_step_s', 0) * 1e3:.2f} ms; "
                   f"total wall time {report['wall_s'] / 60:.1f} min.", "",
+                  *([f"The measured steps of '{report['repredicted_from']}' (its wall times, peak RSS and loads too); "
+                     f"predicted again by the code at {report['commit']} from the profiles and calibration stored with "
+                     "them (`--repredict`).", ""] if report.get("repredicted_from") else []),
                   f"**Median |error|: {abs(s['profiled']['median_abs_error']) * 100:.1f}% at profiled sizes "
                   f"({'meets' if s['profiled']['meets_target'] else 'misses'} <= 10%), "
                   f"{abs(s['unprofiled']['median_abs_error']) * 100:.1f}% at the unprofiled size "
