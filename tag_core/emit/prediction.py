@@ -10,6 +10,7 @@ from tag_core.simulate.comm import CommModel
 from tag_core.simulate.simulator import Simulator
 
 from .emission import Emission
+from .nodes import parse_input
 
 
 def predict_emission(emission: Emission, profiles, comm: CommModel, uncalibrated: str | None) -> dict[str, Any]:
@@ -18,10 +19,22 @@ def predict_emission(emission: Emission, profiles, comm: CommModel, uncalibrated
     strategy = copy.copy(emission.strategy)
     left_out = len(strategy.sfb)
     strategy.sfb = {}
-    sim = Simulator(emission.graph, emission.topology, profiles, batch_size=emission.batch_size, comm=comm)
+    statistics = statistic_ops(emission)
+    sim = Simulator(emission.graph, emission.topology, profiles, batch_size=emission.batch_size, comm=comm,
+                    statistics=statistics)
     result = sim.run(strategy)
     return {"iteration_time_s": float(result.iteration_time_s), "oom": bool(result.oom),
             "calibration": comm.calibration_hash, "uncalibrated_because": uncalibrated,
             "profiled_types": sim.compute.profiled_types, "batch_size": sim.batch,
             "busy_s": [float(b) for b in result.busy_s], "comm_s": {k: float(v) for k, v in result.comm_s.items()},
-            **({"sfb_left_out": left_out} if left_out else {})}
+            **({"sfb_left_out": left_out} if left_out else {}),
+            **({"statistics_summed": len(statistics)} if statistics else {})}
+
+
+def statistic_ops(emission: Emission) -> list[int]:
+    """The OpGraph ops whose outputs the emitted graph all-reduces besides the gradients (batch statistics,
+    tag_core.simulate.statistics). Fused gradient buckets are labelled "N gradients from ...", not a tensor."""
+    gradients = {parse_input(v.gradient)[0] for v in emission.reference.variables if v.gradient}
+    index = emission.graph.index
+    sources = {parse_input(c.tensor)[0] for c in emission.emitted.collectives}
+    return sorted(index[name] for name in sources - gradients if name in index)

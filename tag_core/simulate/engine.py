@@ -152,7 +152,10 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     tr_end = np.zeros(n_t)
     t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()
     t_chan, t_dur = t_chan.tolist(), tr_dur.tolist()
-    coll_dur, coll_kind = colls.duration.tolist(), colls.kind.tolist()
+    coll_dur = colls.duration.tolist()
+    # Without overlap, gradient all-reduces wait for the backward pass; a statistic's is on its way.
+    held = (colls.kind == ALLREDUCE) & (True if colls.statistic is None else ~colls.statistic)
+    held = np.broadcast_to(held, colls.kind.shape).tolist()
     coll_start = np.zeros(len(colls))
     coll_end = np.zeros(len(colls))
     coll_end_l = [0.0] * len(colls)
@@ -170,7 +173,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
             arrive(t_cons_slot[ref], t_cons_k[ref], en)
         elif kind == 1:  # collective
             ready = max((end_at(sl, k) for sl, k in coll_inputs[ref]), default=0.0)
-            if not s.overlap and coll_kind[ref] == ALLREDUCE:
+            if not s.overlap and held[ref]:
                 if barrier is None:
                     barrier = _backward_end(ctx, chains, end_at)
                 ready = max(ready, barrier)

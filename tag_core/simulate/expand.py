@@ -247,6 +247,8 @@ def concat_collectives(parts: list[Collectives]) -> Collectives:
         [ch for c in parts for ch in c.channels], [d for c in parts for d in c.devices],
         cat([c.inp_op for c in parts]), cat([c.inp_unit + o for c, o in zip(parts, offsets)]),
         cat([c.cons_op for c in parts]), cat([c.cons_unit + o for c, o in zip(parts, offsets)]),
+        None if all(c.statistic is None for c in parts) else
+        cat([np.zeros(len(c), dtype=bool) if c.statistic is None else c.statistic for c in parts]),
     )
 
 

@@ -19,6 +19,7 @@ from tag_core.capture.graph import OpGraph
 from tag_core.cluster.classes import machine_class_of
 from tag_core.cluster.topology import Topology
 from tag_core.disjoint_sets import DisjointSets
+from tag_core.errors import TagInputError
 
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
@@ -27,6 +28,7 @@ from .expand import concat_collectives, concat_transfers, edge_transfers, gradie
 from .feeds import client_cost_s
 from .memory import flatten, op_times, slot_peaks
 from .result import SimResult, Timeline
+from .statistics import statistic_collectives
 from .strategy import Strategy
 
 
@@ -59,8 +61,14 @@ class Simulator:
         compute: ComputeModel | None = None,
         comm: CommModel | None = None,
         collapse: bool = True,
+        statistics=(),
     ):
+        """`statistics`: ops whose outputs the replicas of a split group sum each step besides the gradients
+        (tag_core.simulate.statistics; the emitter's, found by tag_core.emit.prediction)."""
         self.graph, self.topology = graph, topology
+        self.statistics = np.unique(np.asarray(statistics, dtype=np.int64))
+        if len(self.statistics) and (self.statistics[0] < 0 or self.statistics[-1] >= len(graph.ops)):
+            raise TagInputError("statistics", f"op indices must lie in [0, {len(graph.ops)})")
         # Simulate one representative device per class of interchangeable devices (engine.make_slots); False
         # simulates every device on its own (the tests' reference).
         self.collapse = collapse
@@ -194,7 +202,7 @@ class Simulator:
         grad_colls, reduced = gradient_collectives(self, p, s)
         moves, edge_colls = edge_transfers(self, p, s, reduced)
         transfers = concat_transfers([moves, ps_pulls(self, p, s)])
-        colls = concat_collectives([grad_colls, edge_colls])
+        colls = concat_collectives([grad_colls, statistic_collectives(self, p, s), edge_colls])
         sched = schedule(self, p, s, transfers, colls, machines=not timeline)
         return self._result(s, p, sched.transfers, colls, sched, timeline)
 

@@ -52,6 +52,7 @@ class Collectives:
     inp_unit: np.ndarray  # ... and their unit
     cons_op: np.ndarray  # ops waiting for each unit (flat) ...
     cons_unit: np.ndarray  # ... and their unit
+    statistic: np.ndarray | None = None  # per unit: a batch statistic's all-reduce, not a gradient's (None: none is)
 
     def __len__(self) -> int:
         return len(self.kind)
