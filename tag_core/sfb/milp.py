@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tag_core.simulate.cost import transfer_time
-from tag_core.simulate.expand import _allreduce_shape, place
+from tag_core.simulate.expand import allreduce_shape, place
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import Strategy
 from tag_core.simulate.units import SINGLE, SPLIT
@@ -227,7 +227,7 @@ class _Costs:
 
     def shape(self, group: int) -> tuple:
         if group not in self._shape:
-            self._shape[group] = _allreduce_shape(self.sim, self.devices(group)[0])
+            self._shape[group] = allreduce_shape(self.sim, self.devices(group)[0])
         return self._shape[group]
 
     def _to_ps(self, devs: np.ndarray, nbytes: np.ndarray, ps: int) -> float:

@@ -153,9 +153,10 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()
     t_chan, t_dur = t_chan.tolist(), tr_dur.tolist()
     coll_dur = colls.duration.tolist()
-    # Without overlap, gradient all-reduces wait for the backward pass; a statistic's is on its way.
-    held = (colls.kind == ALLREDUCE) & (True if colls.statistic is None else ~colls.statistic)
-    held = np.broadcast_to(held, colls.kind.shape).tolist()
+    held = colls.kind == ALLREDUCE  # without overlap, gradient all-reduces wait for the backward pass ...
+    if colls.statistic is not None:
+        held &= ~colls.statistic  # ... but a statistic's is on its way
+    held = held.tolist()
     coll_start = np.zeros(len(colls))
     coll_end = np.zeros(len(colls))
     coll_end_l = [0.0] * len(colls)

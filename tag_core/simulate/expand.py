@@ -147,7 +147,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     key = ((src_pl * P + dst_pl) * 2 + ctx.e_batch) * 3 + mode
     cross = src_pl != dst_pl
     if not cross.any() and not (mode == PUSH).any():
-        return _empty_transfers(), _no_collectives()
+        return _empty_transfers(), no_collectives()
     uniq, inverse = np.unique(key, return_inverse=True)
     pieces, gathered, resharded = [], [], []
     for u_i, u in enumerate(uniq.tolist()):
@@ -222,7 +222,7 @@ def _edge_collectives(ctx, gathered) -> Collectives:
         nbytes = np.zeros(len(tensors))
         np.maximum.at(nbytes, unit_of_edge, ctx.e_bytes[edges])
         order = np.argsort(devs, kind="stable")
-        counts, intra, inter, channels = _allreduce_shape(ctx, devs[order])
+        counts, intra, inter, channels = allreduce_shape(ctx, devs[order])
         if kind == ALLGATHER:
             duration = ctx.comm.allgather(nbytes, shares[order], counts, intra, inter)
         else:
@@ -237,7 +237,7 @@ def _edge_collectives(ctx, gathered) -> Collectives:
 def concat_collectives(parts: list[Collectives]) -> Collectives:
     parts = [c for c in parts if len(c)]
     if not parts:
-        return _no_collectives()
+        return no_collectives()
     if len(parts) == 1:
         return parts[0]
     offsets = np.cumsum([0] + [len(c) for c in parts[:-1]])
@@ -315,7 +315,7 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
     reduced = np.zeros(ctx.num_vars, dtype=bool)
     gops = ctx.sync_grad_op  # per sync variable (index into ctx.sync_vars)
     if len(gops) == 0:
-        return _no_collectives(), reduced
+        return no_collectives(), reduced
     g_of = s.op_groups[gops]
     n_act = p.group_active[g_of].sum(axis=1)
     opt = s.options_arr[g_of]
@@ -325,7 +325,7 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
     chosen = split & (n_act > 1) & ~push
     reduced[ctx.sync_vars[chosen]] = True
     if not chosen.any():
-        return _no_collectives(), reduced
+        return no_collectives(), reduced
     idx = np.flatnonzero(chosen)
     idx = idx[np.argsort(ctx.pos[gops[idx]], kind="stable")]
     # Bucket boundaries: a new unit per gradient, or (fusion) when the bucket is full or the group changes.
@@ -348,9 +348,9 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
     for k, g in enumerate(unit_group.tolist()):
         if g not in per_group:
             devs = np.flatnonzero(p.group_active[g])
-            per_group[g] = (devs, *_allreduce_shape(ctx, devs))
+            per_group[g] = (devs, *allreduce_shape(ctx, devs))
             mine = unit_group == g
-            durations[mine] = ctx.comm.allreduce(nbytes[mine], *per_group[g][1:4], **_tiers(ctx, devs))
+            durations[mine] = ctx.comm.allreduce(nbytes[mine], *per_group[g][1:4], **tier_args(ctx, devs))
         channels.append(per_group[g][4])
         devices.append(per_group[g][0])
     var_unit = np.full(len(gops), -1, dtype=np.int64)
@@ -361,7 +361,7 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
                        ctx._sync_cons_flat[keep], cons_unit[keep]), reduced
 
 
-def _allreduce_shape(ctx, devs: np.ndarray):
+def allreduce_shape(ctx, devs: np.ndarray):
     """Per-machine counts, intra bandwidths, ring bandwidth across machines, and channels used."""
     machines, counts = np.unique(ctx.dev_machine[devs], return_counts=True)
     intra = [float(ctx.machine_bw[m, m]) for m in machines.tolist()]
@@ -374,7 +374,7 @@ def _allreduce_shape(ctx, devs: np.ndarray):
     return counts.tolist(), intra, inter, tuple(channels)
 
 
-def _tiers(ctx, devs: np.ndarray) -> dict:
+def tier_args(ctx, devs: np.ndarray) -> dict:
     """On a topology with racks, the all-reduce's rings inside racks, across racks and pods, with shared
     uplinks (CommModel.allreduce_tiers); flat topologies keep the two-level ring."""
     if not getattr(ctx.topology, "racks", ()):
@@ -382,7 +382,7 @@ def _tiers(ctx, devs: np.ndarray) -> dict:
     return {"tiers": ctx.comm.allreduce_tiers(ctx.topology, np.unique(ctx.dev_machine[devs]))}
 
 
-def _no_collectives() -> Collectives:
+def no_collectives() -> Collectives:
     z = np.zeros(0, dtype=np.int64)
     return Collectives(z, np.zeros(0), np.zeros(0), [], [], z, z, z, z)
 

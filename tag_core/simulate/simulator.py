@@ -10,6 +10,7 @@ Results are deterministic: no randomness, and every tie is broken by an index.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
@@ -61,7 +62,7 @@ class Simulator:
         compute: ComputeModel | None = None,
         comm: CommModel | None = None,
         collapse: bool = True,
-        statistics=(),
+        statistics: Sequence[int] = (),
     ):
         """`statistics`: ops whose outputs the replicas of a split group sum each step besides the gradients
         (tag_core.simulate.statistics; the emitter's, found by tag_core.emit.prediction)."""

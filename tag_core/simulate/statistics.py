@@ -13,32 +13,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from .expand import _allreduce_shape, _no_collectives, _tiers
+from .expand import allreduce_shape, no_collectives, tier_args
 from .units import ALLREDUCE, SPLIT, Collectives, Placement
 
 
 def statistic_collectives(ctx, p: Placement, s) -> Collectives:
     ops = ctx.statistics
-    if not len(ops):
-        return _no_collectives()
     groups = s.op_groups[ops]
     replicated = (p.kind[ops] == SPLIT) & (p.group_active[groups].sum(axis=1) > 1)
-    kinds, nbytes, durations, channels, devices, inp, cons_op, cons_unit = [], [], [], [], [], [], [], []
+    units = []  # (op, the ops that read it in its own placement, the group's devices)
     for op, g in zip(ops[replicated].tolist(), groups[replicated].tolist()):
         out = ctx.e_dst[ctx.e_src == op]
         readers = np.unique(out[p.pl[out] == p.pl[op]])  # other placements get it by edge_transfers
-        if not len(readers):
-            continue
-        devs = np.flatnonzero(p.group_active[g])
-        counts, intra, inter, used = _allreduce_shape(ctx, devs)
-        size = np.array([float(ctx.act_bytes[op])])
-        durations.append(float(ctx.comm.allreduce(size, counts, intra, inter, **_tiers(ctx, devs))[0]))
-        unit = len(kinds)
-        kinds.append(ALLREDUCE), nbytes.append(size[0]), channels.append(used), devices.append(devs), inp.append(op)
-        cons_op.append(readers), cons_unit.append(np.full(len(readers), unit))
-    if not kinds:
-        return _no_collectives()
-    return Collectives(np.array(kinds, dtype=np.int64), np.array(nbytes), np.array(durations), channels, devices,
-                       np.array(inp, dtype=np.int64), np.arange(len(kinds), dtype=np.int64),
-                       np.concatenate(cons_op).astype(np.int64), np.concatenate(cons_unit).astype(np.int64),
-                       statistic=np.ones(len(kinds), dtype=bool))
+        if len(readers):
+            units.append((op, readers, np.flatnonzero(p.group_active[g])))
+    if not units:
+        return no_collectives()
+    U = len(units)
+    nbytes = np.array([float(ctx.act_bytes[op]) for op, _, _ in units])
+    durations, channels = np.empty(U), []
+    for u, (_, _, devs) in enumerate(units):
+        counts, intra, inter, used = allreduce_shape(ctx, devs)
+        durations[u] = ctx.comm.allreduce(nbytes[u:u + 1], counts, intra, inter, **tier_args(ctx, devs))[0]
+        channels.append(used)
+    return Collectives(np.full(U, ALLREDUCE), nbytes, durations, channels, [devs for _, _, devs in units],
+                       np.array([op for op, _, _ in units], dtype=np.int64), np.arange(U),
+                       np.concatenate([readers for _, readers, _ in units]).astype(np.int64),
+                       np.repeat(np.arange(U), [len(readers) for _, readers, _ in units]),
+                       statistic=np.ones(U, dtype=bool))
