@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-probes", action="store_true")
+    parser.add_argument("--only-probes", action="store_true",
+                        help="run the probes again into the existing fidelity_distributed.json, keeping its models")
     parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)  # runs the probes, prints JSON
     args = parser.parse_args()
     if args.probe_child:
@@ -63,6 +65,10 @@ def main() -> None:
         import tag_core.runtime  # noqa: F401  joins the parent's loopback namespace before TF starts threads
 
         print(json.dumps(probes()))
+        return
+    if args.only_probes:
+        report = json.loads((HERE / "fidelity_distributed.json").read_text())
+        write(report | {"probes": run_probes(os.environ)})
         return
     home = os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix="tag-fidelity-bench-")
     Path(home).mkdir(parents=True, exist_ok=True)
@@ -92,17 +98,25 @@ def main() -> None:
                                  "load_before": load, "load_after": os.getloadavg()[0], **fidelity})
         say(f"{key}: Spearman {fidelity['spearman']}, median |error| {fidelity['median_abs_error']}")
     if not args.no_probes:
-        say("probing the runtime")
-        sys.path.insert(0, str(HERE.parent))
-        from tag_core.runtime.loopback import child_environment, loopback_namespace
+        report["probes"] = run_probes(env)
+    write(report)
 
-        # The probe's client must share its servers' network: the child joins this namespace (only lo up)
-        # and starts its servers in it, without one of their own (TAG_NETNS=off inside).
-        with loopback_namespace():
-            probe_env = {**env, **child_environment(), "TAG_NETNS": "off"}
-            probe = subprocess.run([sys.executable, __file__, "--probe-child"], env=probe_env, capture_output=True,
-                                   text=True)
-        report["probes"] = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
+
+def run_probes(env: dict) -> dict:
+    say("probing the runtime")
+    sys.path.insert(0, str(HERE.parent))
+    from tag_core.runtime.loopback import child_environment, loopback_namespace
+
+    # The probe's client must share its servers' network: the child joins this namespace (only lo up)
+    # and starts its servers in it, without one of their own (TAG_NETNS=off inside).
+    with loopback_namespace():
+        probe_env = {**env, **child_environment(), "TAG_NETNS": "off"}
+        probe = subprocess.run([sys.executable, __file__, "--probe-child"], env=probe_env, capture_output=True,
+                               text=True)
+    return json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
+
+
+def write(report: dict) -> None:
     (HERE / "fidelity_distributed.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (HERE / "fidelity_distributed.md").write_text(markdown(report))
     print(markdown(report))
@@ -267,6 +281,30 @@ def probes() -> dict:
                 return tf.add_n([tf.reduce_sum(tf.identity(x)) for x in made]), None
         return build
 
+    def chains_and_allreduces(chains: bool, allreduce: bool):
+        """300 chained 64 x 64 matmuls on each task, 4 chained 4 KB all-reduces, or both, independent, in one
+        step: does a collective progress while the single-threaded tasks compute?"""
+        def build():
+            outs = []
+            for device in devices:
+                with tf.device(device):
+                    x = tf.random.uniform([64, 64])
+                    for _ in range(300 if chains else 1):
+                        x = tf.matmul(x, x)
+                    outs.append(x)
+            values = [None] * len(devices)
+            for _ in range(4 if allreduce else 0):
+                instance[0] += 1
+                for j, device in enumerate(devices):
+                    with tf.device(device):
+                        values[j] = tf.raw_ops.CollectiveReduceV2(
+                            input=tf.random.uniform([1024]) if values[j] is None else values[j],
+                            group_size=tf.constant(2), group_key=tf.constant(1), instance_key=tf.constant(instance[0]),
+                            ordering_token=[], merge_op="Add", final_op="Id")
+            with tf.device(devices[0]):
+                return tf.group(*outs, *[v for v in values if v is not None]), None
+        return build
+
     def fed_matmul():
         with tf.device(devices[0]):
             x = tf.compat.v1.placeholder(tf.float32, [128, 784])
@@ -291,6 +329,10 @@ def probes() -> dict:
         for k in KS:
             timed(f"{k} independent 4 KB transfers task 1 -> task 0", transfers(k, 1))
         timed(f"{KS[-1]} of the same 4 KB tensors made on task 0 (no transfer)", transfers(KS[-1], 0))
+        timed("a matmul on each task (the base of the next three)", chains_and_allreduces(False, False))
+        timed("300 chained 64 x 64 matmuls on each task", chains_and_allreduces(True, False))
+        timed("4 chained 4 KB all-reduces over tasks 0 and 1", chains_and_allreduces(False, True))
+        timed("both in one step, independent (overlap: the larger; none: the sum)", chains_and_allreduces(True, True))
     return {"rows": rows, "runs": PROBE_RUNS}
 
 
