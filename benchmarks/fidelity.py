@@ -1,6 +1,7 @@
 """Distributed fidelity: predicted against measured step times on the local cluster of `tag calibrate --local N`.
 
     python benchmarks/fidelity.py [--tasks N] [--models mlp,small_cnn,transformer] [--steps 30] [--rounds 5]
+    python benchmarks/fidelity.py --only-probes    # the probes again, into the existing report
 
 1. `tag calibrate --local N --out local.json` (N: --tasks, default every core this process may use, at least 2):
    N pinned single-core TF servers on 127.0.0.1, their transfers, collectives and fixed costs.
@@ -9,8 +10,9 @@
    a fresh TAG plan, each predicted with the calibration applied, emitted, and measured interleaved with the
    others on one pinned cluster (median of the timed steps; noise = their interquartile range).
 3. Probes of the runtime on a fresh pinned cluster, for the terms the fidelity rows point at: a step's launch
-   on task 0 (where the master and the client's feeds are) against one on another task, and K independent
-   all-reduces or transfers in one step against the K-fold cost the simulator charges (one at a time).
+   on task 0 (where the master and the client's feeds are) against one on another task, K independent
+   all-reduces or transfers in one step against the K-fold cost the simulator charges (one at a time), and
+   whether all-reduces progress while the tasks compute (the simulator lets them overlap whole).
 
 Writes benchmarks/fidelity_distributed.json and benchmarks/fidelity_distributed.md (not fidelity.json:
 benchmarks/simulator.py owns that). $TAG_HOME defaults to a fresh temporary folder.
