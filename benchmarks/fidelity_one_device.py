@@ -135,16 +135,34 @@ def against(prediction: dict, measured: float) -> dict:
 
 def repredict(report: dict, root: Path, commit: str) -> dict:
     """`report`'s measured steps against predictions the code at `root` makes from the profiles and calibration
-    stored in the report's home: what a change of the cost model does, without measuring again."""
+    samples stored in the report's home (the calibration fitted again, REFIT): what a change of the cost model
+    or of the fits does, without measuring again."""
     topology = str(Path(report["home"]) / "local-2.json")
+    refit = json.loads(run([sys.executable, "-c", REFIT], environment(root, report["home"]), root))
+    say(f"[{report['label']}, re-predicted] calibration {refit['from']} refitted from its samples: {refit['to']}")
     models = []
     for m in report["models"]:
         say(f"[{report['label']}, re-predicted] {m['key']}")
         _, predictions = emit_all(m["key"], [r["batch_size"] for r in m["rows"]], root, report["home"], topology)
         rows = [{**r, **against(predictions[r["batch_size"]], r["measured_s"])} for r in m["rows"]]
         models.append({**m, "rows": rows})
-    return {**report, "label": f"{report['label']}, re-predicted", "commit": commit,
+    return {**report, "label": f"{report['label']}, re-predicted", "commit": commit, "refit": refit,
             "repredicted_from": report["label"], "models": models, "summary": summarise(models)}
+
+
+# The home's calibration fitted again from its stored samples by this code, and stored: the newest
+# calibration of the snapshot is the one `tag emit` applies.
+REFIT = """import json
+from tag_core import store
+from tag_core.cluster.calibration import fit_calibration, load_from_store, save_to_store
+from tag_core.runtime.calibrate import code_version
+conn = store.connect()
+old = load_from_store(conn, topology="local-2")
+new = fit_calibration(list(old.samples), topology=old.topology, topology_hash=old.topology_hash, source=old.source,
+                      host=old.host, code_version=code_version())
+save_to_store(conn, new)
+print(json.dumps({"from": old.calibration_hash, "to": new.calibration_hash}))
+"""
 
 
 def profile_steps(reference: str, env: dict, root: Path) -> list[dict]:
@@ -185,7 +203,8 @@ def main() -> None:
     parser.add_argument("--home", help="TAG_HOME for this label (default $TAG_HOME, else a fresh temporary folder); "
                                        "a second run with the same home reuses its captures and calibration")
     parser.add_argument("--repredict", metavar="LABEL", help="predict LABEL's measured steps again with this code, from "
-                        "the profiles and calibration in its home (no new measurement); writes 'LABEL, re-predicted'")
+                        "the profiles and calibration samples in its home (no new measurement); writes 'LABEL, "
+                        "re-predicted'")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: one model, prints JSON
     parser.add_argument("--topology", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -276,8 +295,9 @@ def markdown(merged: dict) -> str:
                   f"calibration launch cost per step {report['calibration']['overheads'].get('per_step_s', 0) * 1e3:.2f} ms; "
                   f"total wall time {report['wall_s'] / 60:.1f} min.", "",
                   *([f"The measured steps of '{report['repredicted_from']}' (its wall times, peak RSS and loads too); "
-                     f"predicted again by the code at {report['commit']} from the profiles and calibration stored with "
-                     "them (`--repredict`).", ""] if report.get("repredicted_from") else []),
+                     f"predicted again by the code at {report['commit']} from the profiles stored with them and their "
+                     f"calibration's samples, fitted again (`--repredict`; calibration {report['refit']['from']} -> "
+                     f"{report['refit']['to']}).", ""] if report.get("repredicted_from") else []),
                   f"**Median |error|: {abs(s['profiled']['median_abs_error']) * 100:.1f}% at profiled sizes "
                   f"({'meets' if s['profiled']['meets_target'] else 'misses'} <= 10%), "
                   f"{abs(s['unprofiled']['median_abs_error']) * 100:.1f}% at the unprofiled size "

@@ -121,6 +121,22 @@ def test_the_clients_feed_is_fitted_through_the_origin_when_its_fixed_cost_vanis
     assert "client" not in without.links and set(without.links) == {"inter", "intra"}
 
 
+def test_the_feeds_latency_leaves_out_the_launchs_jitter():
+    # Each feed sample is a fed step less the fastest empty step: 0.4 ms of the launch's spread rides on it.
+    feeds = [Sample("p2p", "client", 1, nbytes, run, line(1e-3, 2.5, nbytes)) for nbytes in SIZES[1:]
+             for run in range(5)]
+    launches = [Sample("step", None, 1, None, run, t) for run, t in enumerate([1.0e-3, 1.2e-3, 1.4e-3, 2.0e-3, 3e-3])]
+    others = [s for s in synthetic_samples() if not (s.kind == "step" and s.group_size == 1)]
+    fitted = fit_calibration(others + launches + feeds, topology="t", topology_hash="0" * 16, source="local", host="",
+                             code_version="").links["client"]
+    assert fitted.latency_s == pytest.approx(1e-3 - (1.4e-3 - 1.0e-3), rel=1e-6)
+    assert fitted.gbps == pytest.approx(2.5, rel=1e-6)
+    # A spread larger than the latency leaves the smallest measurable one.
+    wide = [Sample("step", None, 1, None, run, t) for run, t in enumerate([1e-3, 3e-3, 9e-3])]
+    assert fit_calibration(others + wide + feeds, topology="t", topology_hash="0" * 16, source="local", host="",
+                           code_version="").links["client"].latency_s == MIN_LATENCY_S
+
+
 def test_calibration_needs_point_to_point_and_overheads():
     samples = [s for s in synthetic_samples() if s.kind != "sendrecv"]
     with pytest.raises(FitRefused, match="sendrecv: no samples"):

@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 
 KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv")
@@ -176,6 +176,18 @@ def describe_key(kind: str, link: str | None, group_size: int | None) -> str:
     return " ".join(parts)
 
 
+def less_launch_jitter(feed: Fit, samples: list[Sample]) -> Fit:
+    """The feed's fit less the launch's jitter. A feed is one a step, not chained, so each sample is a fed step
+    less the *fastest* of its empty steps: it holds the launch's typical excess over its fastest run, which
+    the per-step term already charges (the median launch). That excess is taken from the one-task empty
+    steps, the same step as the feed's base; the residuals stay those of the fit before it."""
+    launches = [s.seconds for s in samples if s.kind == "step" and s.group_size == 1]
+    if len(launches) < 2:
+        return feed
+    jitter = median(launches) - min(launches)
+    return replace(feed, latency_s=max(MIN_LATENCY_S, feed.latency_s - jitter))
+
+
 def _overhead(samples: list[Sample], kind: str, what: str) -> float:
     chosen = [s for s in samples if s.kind == kind]
     if kind == "step":  # the step that touches the most tasks is the one an emitted graph launches
@@ -202,7 +214,8 @@ def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str,
     for (kind, link, size), members in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         if kind == "p2p" and link == "client":
             try:  # optional: a calibration without it leaves the client's feed uncharged
-                links[link] = fit_latency_bandwidth(members, describe_key(kind, link, None), latency_may_vanish=True)
+                fit = fit_latency_bandwidth(members, describe_key(kind, link, None), latency_may_vanish=True)
+                links[link] = less_launch_jitter(fit, samples)
             except FitRefused:
                 pass
         elif kind == "p2p":
