@@ -128,9 +128,9 @@ def against(prediction: dict, measured: float) -> dict:
     """A row's predicted figures and errors against its measured step."""
     full = prediction.get("iteration_time_s")
     compute = max(prediction.get("busy_s") or [0.0])
-    return {"predicted_s": full, "predicted_compute_s": compute,
-            "launch_s": (full - compute) if full is not None else None, "error": (full - measured) / measured if full is not None else None,
-            "compute_error": (compute - measured) / measured}
+    known = full is not None
+    return {"predicted_s": full, "predicted_compute_s": compute, "launch_s": full - compute if known else None,
+            "error": (full - measured) / measured if known else None, "compute_error": (compute - measured) / measured}
 
 
 def repredict(report: dict, root: Path, commit: str) -> dict:
@@ -202,9 +202,9 @@ def main() -> None:
     parser.add_argument("--commit", help="what --root holds, for the record (default: its git HEAD)")
     parser.add_argument("--home", help="TAG_HOME for this label (default $TAG_HOME, else a fresh temporary folder); "
                                        "a second run with the same home reuses its captures and calibration")
-    parser.add_argument("--repredict", metavar="LABEL", help="predict LABEL's measured steps again with this code, from "
-                        "the profiles and calibration samples in its home (no new measurement); writes 'LABEL, "
-                        "re-predicted'")
+    parser.add_argument("--repredict", metavar="LABEL",
+                        help="predict LABEL's measured steps again with this code, from the profiles and calibration "
+                             "samples in its home (no new measurement); writes 'LABEL, re-predicted'")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: one model, prints JSON
     parser.add_argument("--topology", help=argparse.SUPPRESS)
     args = parser.parse_args()

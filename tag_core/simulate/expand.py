@@ -341,24 +341,28 @@ def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, n
     U = u + 1
     nbytes = np.bincount(unit_of, weights=ctx.sync_bytes[idx], minlength=U)
     first = np.flatnonzero(np.diff(unit_of, prepend=-1))
-    unit_group = g_of[idx][first]
-    per_group: dict[int, tuple] = {}
-    durations = np.empty(U)
-    channels, devices = [], []
-    for k, g in enumerate(unit_group.tolist()):
-        if g not in per_group:
-            devs = np.flatnonzero(p.group_active[g])
-            per_group[g] = (devs, *allreduce_shape(ctx, devs))
-            mine = unit_group == g
-            durations[mine] = ctx.comm.allreduce(nbytes[mine], *per_group[g][1:4], **tier_args(ctx, devs))
-        channels.append(per_group[g][4])
-        devices.append(per_group[g][0])
+    durations, channels, devices = group_allreduces(ctx, p, g_of[idx][first], nbytes)
     var_unit = np.full(len(gops), -1, dtype=np.int64)
     var_unit[idx] = unit_of
     cons_unit = var_unit[ctx._sync_cons_owner]
     keep = cons_unit >= 0
     return Collectives(np.full(U, ALLREDUCE), nbytes, durations, channels, devices, gops[idx], unit_of,
                        ctx._sync_cons_flat[keep], cons_unit[keep]), reduced
+
+
+def group_allreduces(ctx, p: Placement, unit_group: np.ndarray, nbytes: np.ndarray):
+    """(durations, channels, devices) of all-reduce units: unit u over the devices of group unit_group[u],
+    carrying nbytes[u]. Each group's ring is worked out once."""
+    durations = np.empty(len(unit_group))
+    per_group: dict[int, tuple] = {}
+    for g in unit_group.tolist():
+        if g not in per_group:
+            devs = np.flatnonzero(p.group_active[g])
+            counts, intra, inter, used = allreduce_shape(ctx, devs)
+            mine = unit_group == g
+            durations[mine] = ctx.comm.allreduce(nbytes[mine], counts, intra, inter, **tier_args(ctx, devs))
+            per_group[g] = (used, devs)
+    return durations, [per_group[g][0] for g in unit_group.tolist()], [per_group[g][1] for g in unit_group.tolist()]
 
 
 def allreduce_shape(ctx, devs: np.ndarray):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .expand import allreduce_shape, no_collectives, tier_args
+from .expand import group_allreduces, no_collectives
 from .units import ALLREDUCE, SPLIT, Collectives, Placement
 
 
@@ -21,23 +21,17 @@ def statistic_collectives(ctx, p: Placement, s) -> Collectives:
     ops = ctx.statistics
     groups = s.op_groups[ops]
     replicated = (p.kind[ops] == SPLIT) & (p.group_active[groups].sum(axis=1) > 1)
-    units = []  # (op, the ops that read it in its own placement, the group's devices)
+    units, unit_group, readers = [], [], []  # per unit: the op, its group, the ops that read it in its placement
     for op, g in zip(ops[replicated].tolist(), groups[replicated].tolist()):
         out = ctx.e_dst[ctx.e_src == op]
-        readers = np.unique(out[p.pl[out] == p.pl[op]])  # other placements get it by edge_transfers
-        if len(readers):
-            units.append((op, readers, np.flatnonzero(p.group_active[g])))
+        mine = np.unique(out[p.pl[out] == p.pl[op]])  # other placements get it by edge_transfers
+        if len(mine):
+            units.append(op), unit_group.append(g), readers.append(mine)
     if not units:
         return no_collectives()
     U = len(units)
-    nbytes = np.array([float(ctx.act_bytes[op]) for op, _, _ in units])
-    durations, channels = np.empty(U), []
-    for u, (_, _, devs) in enumerate(units):
-        counts, intra, inter, used = allreduce_shape(ctx, devs)
-        durations[u] = ctx.comm.allreduce(nbytes[u:u + 1], counts, intra, inter, **tier_args(ctx, devs))[0]
-        channels.append(used)
-    return Collectives(np.full(U, ALLREDUCE), nbytes, durations, channels, [devs for _, _, devs in units],
-                       np.array([op for op, _, _ in units], dtype=np.int64), np.arange(U),
-                       np.concatenate([readers for _, readers, _ in units]).astype(np.int64),
-                       np.repeat(np.arange(U), [len(readers) for _, readers, _ in units]),
-                       statistic=np.ones(U, dtype=bool))
+    nbytes = ctx.act_bytes[units].astype(np.float64)
+    durations, channels, devices = group_allreduces(ctx, p, np.array(unit_group, dtype=np.int64), nbytes)
+    return Collectives(np.full(U, ALLREDUCE), nbytes, durations, channels, devices, np.array(units, dtype=np.int64),
+                       np.arange(U), np.concatenate(readers).astype(np.int64),
+                       np.repeat(np.arange(U), [len(r) for r in readers]), statistic=np.ones(U, dtype=bool))
