@@ -9,19 +9,19 @@ device's op end times are a prefix scan,
 
     end[k] = C[k] + max(0, max_{j<=k} (arrival[j] - C[j-1])),   C = cumsum(durations),
 
-and the only sequential Python work is one step per communication item, in the order
-of their consumers. Devices that are interchangeable under the strategy (same GPU type,
+and the only sequential work is one step per communication item, in the order of their
+consumers (compiled: comm_loop.py). Devices that are interchangeable under the strategy (same GPU type,
 same batch share in every group, no point-to-point traffic, no single-device ops) are
 simulated once: a representative "slot" stands for its whole class, which is exact.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
 
+from .comm_loop import chain_ends, run_items
 from .expand import transfer_durations
 from .slots import Slots, make_slots
 from .strategy import Strategy
@@ -74,11 +74,10 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         eb = np.where(p.kind[ops] == SPLIT, ctx.batch * p.group_share[g_of[ops], d], float(ctx.batch))
         dur = _durations(ctx, ctx.dev_gpu[d], ops, eb)
         cidx[k, ops] = np.arange(len(ops))
-        cum = np.cumsum(dur)
         # int32 ops, and C[k] - dur[k] (when op k may start) read where needed: at 681 slots of an 18k-op
         # graph each array per (slot, op) is 100 MB.
         chains.append(ops.astype(np.int32)), durs.append(dur), batches.append(eb)
-        C.append(cum)
+        C.append(np.cumsum(dur))
 
     # ---- communication items, in the order of their consumers ----
     tr_dur = transfer_durations(ctx, t)
@@ -92,8 +91,11 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     kinds = [np.zeros(n_t, dtype=np.int64)]
     refs = [np.arange(n_t)]
     U = len(colls)
-    coll_inputs: list[list[tuple[int, int]]] = [[] for _ in range(U)]
-    deliveries: list[tuple[int, int, int]] = []
+    lens = np.array([len(c) for c in chains], dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    ops_flat = np.concatenate(chains) if S else np.zeros(0, dtype=np.int32)
+    in_slot = in_k = d_slot = d_k = d_unit = np.zeros(0, dtype=np.int64)
+    in_count = np.zeros(U, dtype=np.int64)
     if U:
         # A unit waits for the last of its gradients on each slot; on each slot only its first
         # consumer needs the arrival (the slot runs everything after it later anyway).
@@ -101,106 +103,52 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         k_in = cidx[:, colls.inp_op]  # (S, inputs)
         last = np.full((S, U), -1, dtype=np.int64)
         np.maximum.at(last, (np.repeat(np.arange(S), len(colls.inp_op)), np.tile(colls.inp_unit, S)), k_in.ravel())
-        for sl, u in zip(*np.nonzero(last >= 0)):
-            coll_inputs[u].append((int(sl), int(last[sl, u])))
+        in_slot, in_unit = np.nonzero(last >= 0)
+        by_unit = np.argsort(in_unit, kind="stable")
+        in_slot, in_k = in_slot[by_unit], last[in_slot[by_unit], in_unit[by_unit]]
+        in_count = np.bincount(in_unit, minlength=U)
         k_cons = cidx[:, colls.cons_op].astype(np.int64)
         k_cons = np.where(k_cons >= 0, k_cons, big)
         first = np.full((S, U), big, dtype=np.int64)
         np.minimum.at(first, (np.repeat(np.arange(S), len(colls.cons_op)), np.tile(colls.cons_unit, S)), k_cons.ravel())
         d_slot, d_unit = np.nonzero(first < big)
         d_k = first[d_slot, d_unit]
-        d_op = np.array([chains[a][b] for a, b in zip(d_slot.tolist(), d_k.tolist())], dtype=np.int64)
-        d_pos = pos[d_op]
+        d_pos = pos[ops_flat[base[d_slot] + d_k]]
         u_pos = np.full(U, big, dtype=np.int64)
         np.minimum.at(u_pos, d_unit, d_pos)
         keys_pos += [u_pos, d_pos]
         keys_rank += [np.zeros(U, dtype=np.int64), np.full(len(d_pos), 2)]
         kinds += [np.ones(U, dtype=np.int64), np.full(len(d_pos), 2)]
         refs += [np.arange(U), np.arange(len(d_pos))]
-        deliveries = list(zip(d_slot.tolist(), d_k.tolist(), d_unit.tolist()))
     pos_all, rank_all = np.concatenate(keys_pos), np.concatenate(keys_rank)
     item_order = np.lexsort((rank_all, pos_all))
-    item_kind = np.concatenate(kinds)[item_order].tolist()
-    item_ref = np.concatenate(refs)[item_order].tolist()
 
-    ext_idx: list[list[int]] = [[] for _ in range(S)]
-    ext_val: list[list[float]] = [[] for _ in range(S)]
-
-    def end_at(sl: int, k: int) -> float:
-        idx = ext_idx[sl]
-        j = bisect_right(idx, k) - 1
-        return float(C[sl][k]) + (ext_val[sl][j] if j >= 0 else 0.0)
-
-    def arrive(sl: int, k: int, when: float) -> None:
-        # Keep only running maxima of (arrival - C[k-1]): entries come in chain order per slot.
-        val = when - (float(C[sl][k]) - float(durs[sl][k]))
-        vals = ext_val[sl]
-        if val <= (vals[-1] if vals else 0.0):
-            return
-        idx = ext_idx[sl]
-        if idx and idx[-1] == k:
-            vals[-1] = val
-        else:
-            idx.append(k)
-            vals.append(val)
-
-    # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels): a
-    # collective over every machine holds thousands, read and set as one array operation, not a Python loop.
+    # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels).
     t_chan, coll_chans = _compact_channels(t.channel, colls.channels)
-    chan_free = np.zeros(1 + max([int(t_chan.max()) if n_t else -1] + [int(c.max()) for c in coll_chans if len(c)]))
-    tr_start = np.zeros(n_t)
-    tr_end = np.zeros(n_t)
-    t_src_slot, t_src_k, t_cons_slot, t_cons_k = src_slot.tolist(), src_k.tolist(), cons_slot.tolist(), cons_k.tolist()
-    t_chan, t_dur = t_chan.tolist(), tr_dur.tolist()
-    coll_dur = colls.duration.tolist()
+    num_channels = 1 + max([int(t_chan.max()) if n_t else -1] + [int(c.max()) for c in coll_chans if len(c)])
+    cum = np.concatenate(C) if S else np.zeros(0)
+    dur_flat = np.concatenate(durs) if S else np.zeros(0)
+    # Room for every arrival a slot can get: one per transfer into it and per delivery to it.
+    room = np.bincount(cons_slot, minlength=S) + np.bincount(d_slot, minlength=S)
+    ext_base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
+    chan_count = np.array([len(c) for c in coll_chans], dtype=np.int64)
+    chan_ids = np.concatenate(coll_chans).astype(np.int64) if U else np.zeros(0, dtype=np.int64)
     held = colls.kind == ALLREDUCE  # without overlap, gradient all-reduces wait for the backward pass ...
     if colls.statistic is not None:
         held &= ~colls.statistic  # ... but a statistic's is on its way
-    held = held.tolist()
-    coll_start = np.zeros(len(colls))
-    coll_end = np.zeros(len(colls))
-    coll_end_l = [0.0] * len(colls)
-    barrier = None
-    for kind, ref in zip(item_kind, item_ref):
-        if kind == 0:  # point-to-point transfer
-            k = t_src_k[ref]
-            ready = end_at(t_src_slot[ref], k) if k >= 0 else 0.0
-            ch = t_chan[ref]
-            free = float(chan_free[ch])
-            st = ready if ready > free else free
-            en = st + t_dur[ref]
-            chan_free[ch] = en
-            tr_start[ref], tr_end[ref] = st, en
-            arrive(t_cons_slot[ref], t_cons_k[ref], en)
-        elif kind == 1:  # collective
-            ready = max((end_at(sl, k) for sl, k in coll_inputs[ref]), default=0.0)
-            if not s.overlap and held[ref]:
-                if barrier is None:
-                    barrier = _backward_end(ctx, chains, end_at)
-                ready = max(ready, barrier)
-            chans = coll_chans[ref]
-            if len(chans):
-                ready = max(ready, float(chan_free[chans].max()))
-            en = ready + coll_dur[ref]
-            chan_free[chans] = en
-            coll_start[ref], coll_end[ref] = ready, en
-            coll_end_l[ref] = en
-        else:  # delivery of a collective's result to one consumer
-            sl, k, c = deliveries[ref]
-            arrive(sl, k, coll_end_l[c])
-
-    starts, ends = [], []
-    iteration = 0.0
-    for k in range(S):
-        m = np.zeros(len(chains[k]))
-        if ext_idx[k]:
-            m[ext_idx[k]] = ext_val[k]
-            np.maximum.accumulate(m, out=m)
-        end = C[k] + m
-        starts.append(end - durs[k])
-        ends.append(end)
-        if len(end):
-            iteration = max(iteration, float(end[-1]))
+    held &= not s.overlap
+    last_grad = _last_gradients(ctx, chains) if held.any() else np.full(S, -1, dtype=np.int64)
+    tr_start, tr_end, coll_start, coll_end, ext_len, ext_idx, ext_val = run_items(
+        cum, dur_flat, base, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
+        src_slot.astype(np.int64), src_k.astype(np.int64), cons_slot.astype(np.int64), cons_k.astype(np.int64),
+        t_chan.astype(np.int64), tr_dur.astype(np.float64),
+        _pointers(in_count), in_slot.astype(np.int64), in_k.astype(np.int64), _pointers(chan_count), chan_ids,
+        colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
+        d_unit.astype(np.int64), num_channels)
+    end_flat = chain_ends(cum, base, lens, ext_base, ext_len, ext_idx, ext_val)
+    ends = np.split(end_flat, base[1:]) if S else []
+    starts = np.split(end_flat - dur_flat, base[1:]) if S else []
+    iteration = float(end_flat[base[lens > 0] + lens[lens > 0] - 1].max()) if (lens > 0).any() else 0.0
     if n_t:
         iteration = max(iteration, float(tr_end.max()))
     if len(colls):
@@ -255,14 +203,20 @@ def _durations(ctx, gpu, ops: np.ndarray, eb: np.ndarray) -> np.ndarray:
     return out
 
 
-def _backward_end(ctx, chains, end_at) -> float:
-    """When the last gradient op finishes on any device (sync waits for it without overlap)."""
-    last = 0.0
+def _last_gradients(ctx, chains) -> np.ndarray:
+    """Per slot, the chain position of its last gradient op (-1 for none): without overlap, sync waits for
+    the latest of their ends."""
+    out = np.full(len(chains), -1, dtype=np.int64)
     for sl, ops in enumerate(chains):
         grads = np.flatnonzero(ctx.is_gradient[ops])
         if len(grads):
-            last = max(last, end_at(sl, int(grads[-1])))
-    return last
+            out[sl] = grads[-1]
+    return out
+
+
+def _pointers(counts: np.ndarray) -> np.ndarray:
+    """CSR row pointers from row lengths."""
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 def comm_totals(t: Transfers, sched: Schedule, colls: Collectives) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """Per-slot figures from a schedule, vectorised over slots: op start/end/idle and peak memory.
 
 A plan that places model-parallel parts or parameter servers on hundreds of devices has hundreds of
-slots; a Python loop per slot (with O(ops + edges) numpy work each) was most of such a simulation.
+slots of tens of thousands of ops each: the peak-memory sweep loops over them compiled (numba), without
+sorting the events or holding them all at once.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass
@@ -54,8 +56,7 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     An activation lives from its op's start until its last local consumer ends or its last transfer out
     is done; a received buffer from the transfer's start until its consumer ends (times its landing count:
     symmetric machines' buffers dropped by slots.py). Peaks are taken just after each allocation, frees at
-    the same instant first. Slots are swept in blocks of about CHUNK_ENTRIES chain entries: a plan with
-    thousands of slots of an 18k-op graph has tens of millions of events, gigabytes if sorted at once."""
+    the same instant first."""
     S = len(flat.lens)
     t, on, cidx = sched.transfers, sched.on, sched.cidx
     rows, cols = np.nonzero(on[:, ctx.var_inc_op])
@@ -67,82 +68,91 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
     size = ctx.act_bytes[ops] * np.where(ctx.batch_scaled[ops], flat.batch / ctx.batch, 1.0)
     free = flat.end.copy()
     base = flat.base
-    blocks = _blocks(flat.lens)
-    kk = ee = None
-    for lo, hi in blocks:  # local consumers hold an activation until they end
-        kk, ee = np.nonzero(on[lo:hi, ctx.e_src] & on[lo:hi, ctx.e_dst])
-        kk += lo
-        np.maximum.at(free, base[kk] + cidx[kk, ctx.e_src[ee]], flat.end[base[kk] + cidx[kk, ctx.e_dst[ee]]])
-    del kk, ee  # the last block's pairs: up to CHUNK_ENTRIES x edges
+    _local_frees(free, flat.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers hold it until they end
     n_t = len(t.cons_op)
+    t_ptr = np.zeros(S + 1, dtype=np.int64)
+    t_alloc = t_free = t_size = np.zeros(0)
     if n_t:
         out = t.src_op >= 0
         src = sched.tr_src_slot[out]
         np.maximum.at(free, base[src] + cidx[src, t.src_op[out]], sched.tr_end[out])
         cons = sched.tr_cons_slot
-        by_slot = np.argsort(cons, kind="stable")  # transfers per block, in their order
+        by_slot = np.argsort(cons, kind="stable")
         t_cons = cons[by_slot]
+        t_ptr[1:] = np.cumsum(np.bincount(t_cons, minlength=S))
         t_alloc = sched.tr_start[by_slot]
         t_free = flat.end[base[t_cons] + cidx[t_cons, t.cons_op[by_slot]]]
         t_size = (t.nbytes * sched.tr_landing)[by_slot]
+    peak = _sweep(base, flat.lens, flat.start, free, size, t_ptr, t_alloc, t_free, t_size)
+    return static + np.where(flat.lens == 0, 0.0, peak)
+
+
+@njit(cache=True, nogil=True)
+def _local_frees(free, end, base, cidx, e_src, e_dst):
+    """An activation is freed no earlier than the end of each consumer on its slot."""
+    for sl in range(cidx.shape[0]):
+        row, b = cidx[sl], base[sl]
+        for e in range(len(e_src)):
+            ks, kd = row[e_src[e]], row[e_dst[e]]
+            if ks >= 0 and kd >= 0 and end[b + kd] > free[b + ks]:
+                free[b + ks] = end[b + kd]
+
+
+@njit(cache=True, nogil=True)
+def _sweep(base, lens, start, free, size, t_ptr, t_alloc, t_free, t_size):
+    """Per slot, the most bytes live just after an allocation. A slot's chain allocates in time order (it runs
+    one op at a time); its received buffers are merged in. Each free is subtracted just before the first
+    allocation at or after it (frees first at one instant): found by galloping from the buffer's own
+    allocation, since most buffers die soon after they are made. Only the received buffers are sorted."""
+    S = len(base)
     peak = np.zeros(S)
-    for lo, hi in blocks:
-        f0, f1 = int(base[lo]), int(base[hi - 1] + flat.lens[hi - 1])
-        a, f, b, sl = flat.start[f0:f1], free[f0:f1], size[f0:f1], flat.slot[f0:f1]
-        if n_t:
-            t0, t1 = np.searchsorted(t_cons, [lo, hi])
-            a, f, b, sl = (np.concatenate(x) for x in ((a, t_alloc[t0:t1]), (f, t_free[t0:t1]), (b, t_size[t0:t1]),
-                                                          (sl, t_cons[t0:t1])))
-        _block_peaks(peak, lo, hi, a, f, b, sl)
-    empty = flat.lens == 0
-    return static + np.where(empty, 0.0, peak)
+    for sl in range(S):
+        b, n = base[sl], lens[sl]
+        t0, m = t_ptr[sl], t_ptr[sl + 1] - t_ptr[sl]
+        order = np.argsort(t_alloc[t0:t0 + m], kind="mergesort") + t0
+        when, amount = np.empty(n + m), np.empty(n + m)
+        freed = np.zeros(n + m + 1)
+        i = j = 0
+        for w in range(n + m):
+            if j >= m or (i < n and start[b + i] <= t_alloc[order[j]]):
+                when[w], amount[w] = start[b + i], size[b + i]
+                i += 1
+            else:
+                when[w], amount[w] = t_alloc[order[j]], t_size[order[j]]
+                j += 1
+        i = j = 0
+        for w in range(n + m):  # the same merge again, now that `when` is whole
+            if j >= m or (i < n and start[b + i] <= t_alloc[order[j]]):
+                dies, i = free[b + i], i + 1
+            else:
+                dies, j = t_free[order[j]], j + 1
+            if amount[w] > 0:
+                freed[_first_at_or_after(when, w, dies)] += amount[w]
+        live = best = 0.0
+        for w in range(n + m):
+            live -= freed[w]
+            live += amount[w]
+            if amount[w] > 0 and live > best:
+                best = live
+        peak[sl] = best
+    return peak
 
 
-CHUNK_ENTRIES = 1 << 19  # chain entries per block of slots (events twice that: ~100 MB of temporaries)
-
-
-def _blocks(lens: np.ndarray) -> list[tuple[int, int]]:
-    """[lo, hi) runs of slots of about CHUNK_ENTRIES chain entries each (a longer chain is a block alone)."""
-    out, lo, total = [], 0, 0
-    for k, n in enumerate(lens.tolist()):
-        if k > lo and total + n > CHUNK_ENTRIES:
-            out.append((lo, k))
-            lo, total = k, 0
-        total += n
-    if len(lens):
-        out.append((lo, len(lens)))
-    return out
-
-
-def _block_peaks(peak: np.ndarray, lo: int, hi: int, a: np.ndarray, f: np.ndarray, b: np.ndarray,
-                 sl: np.ndarray) -> None:
-    """Peaks of slots lo..hi-1 from their allocations (time a, free time f, bytes b, slot sl), into `peak`."""
-    # Nothing allocated, nothing to count: live bytes just after a zero-byte allocation are at most what they
-    # were after the allocation before it (a quarter of the ops of the large graphs have no output bytes).
-    keep = b > 0
-    a, f, b, sl = a[keep], f[keep], b[keep], sl[keep]
-    m = len(a)
-    # Events per slot in time order, frees before allocations at one instant, allocations in their order.
-    when = np.concatenate([a, f])
-    is_alloc = np.concatenate([np.ones(m, dtype=bool), np.zeros(m, dtype=bool)])
-    where = np.concatenate([sl, sl])
-    if hi - lo <= 1 << 16 and (when >= 0).all():
-        # Two stable passes instead of lexsort's three: (time, free first) as one integer (a non-negative
-        # float's bits order as the float does; the sign bit is free for the flag), then the slot, a radix sort.
-        key = ((when + 0.0).view(np.uint64) << np.uint64(1)) | is_alloc.astype(np.uint64)
-        by_time = np.argsort(key, kind="stable")
-        del key
-        order = by_time[np.argsort((where - lo).astype(np.uint16)[by_time], kind="stable")]
-        del by_time
-    else:
-        order = np.lexsort((is_alloc, when, where))  # stable: allocations at one instant keep their order
-    del when
-    amount = np.concatenate([b, -b])[order]
-    where, is_alloc = where[order], is_alloc[order]
-    del order
-    # Live bytes per slot: one cumulative sum, less its value before each slot's first event.
-    running = np.cumsum(amount)
-    first = np.searchsorted(where, np.arange(lo, hi))
-    before = np.where(first > 0, running[np.maximum(first - 1, 0)], 0.0)
-    live = running - before[where - lo]
-    np.maximum.at(peak, where[is_alloc], live[is_alloc])
+@njit(cache=True, nogil=True)
+def _first_at_or_after(when, lo, value):
+    """The first index >= lo with when[index] >= value (len(when) if none), when sorted."""
+    n = len(when)
+    if lo >= n or when[lo] >= value:
+        return lo
+    step = 1
+    while lo + step < n and when[lo + step] < value:  # when[lo] < value throughout
+        lo += step
+        step *= 2
+    hi = min(lo + step, n)
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if when[mid] < value:
+            lo = mid
+        else:
+            hi = mid
+    return hi
