@@ -150,6 +150,9 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         return _empty_transfers(), no_collectives()
     uniq, inverse = np.unique(key, return_inverse=True)
     pieces, gathered, resharded = [], [], []
+    by_key = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse, minlength=len(uniq)))[:-1])
+    descs: dict[int, tuple] = {}
+    desc = lambda pl: descs[pl] if pl in descs else descs.setdefault(pl, _placement_desc(ctx, p, s, pl))  # noqa: E731
     for u_i, u in enumerate(uniq.tolist()):
         m = u % 3
         b = (u // 3) % 2
@@ -157,8 +160,8 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         sp, dp = divmod(pair, P)
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
-        src, dst = _placement_desc(ctx, p, s, sp), _placement_desc(ctx, p, s, dp)
-        edges = np.flatnonzero(inverse == u_i)
+        src, dst = desc(sp), desc(dp)
+        edges = by_key[u_i]
         collective = _collective_shape(src, dst, bool(b), m)
         if collective is not None:
             # Tensors move by the collective; pure dependencies (no bytes) stay point-to-point signals.
@@ -273,13 +276,19 @@ def _pattern(ctx, src, dst, batch: bool, mode: int) -> np.ndarray:
         overlap = np.minimum(hi[i], s_hi[j]) - np.maximum(lo[i], s_lo[j])
         p, d = s_devs[j], d_devs[i]
         return _rows(p, d, overlap, GATHER if d_kind != SPLIT else P2P, (overlap > 1e-12) & (p != d))
-    need = ~np.isin(d_devs, s_devs)
+    # Parameter servers and model-parallel parts make hundreds of one-device placements: their pairs are
+    # the common case, and isin/unique cost more than the answer there.
+    need = d_devs != s_devs[0] if len(s_devs) == 1 else ~np.isin(d_devs, s_devs)
     d = d_devs[need]
     if not len(d):
         return np.zeros((0, 4))
-    # The best-connected holder (first of the fastest), looked up per destination machine.
-    machines, inv = np.unique(ctx.dev_machine[d], return_inverse=True)
-    best = s_devs[np.argmax(ctx.machine_bw[machines][:, ctx.dev_machine[s_devs]], axis=1)][inv.reshape(-1)]
+    if len(s_devs) == 1:
+        best = np.full(len(d), s_devs[0])
+    elif len(d) == 1:
+        best = s_devs[[np.argmax(ctx.machine_bw[ctx.dev_machine[d[0]], ctx.dev_machine[s_devs]])]]
+    else:  # the best-connected holder (first of the fastest), looked up per destination machine
+        machines, inv = np.unique(ctx.dev_machine[d], return_inverse=True)
+        best = s_devs[np.argmax(ctx.machine_bw[machines][:, ctx.dev_machine[s_devs]], axis=1)][inv.reshape(-1)]
     frac = (hi - lo)[need] if batch else np.ones(len(d))
     return _rows(best, d, frac, P2P, np.ones(len(d), dtype=bool))
 
