@@ -173,6 +173,7 @@ class Evaluator:
         self.shares, self.fusion_bytes, self.overlap = np.asarray(shares, dtype=float), int(fusion_bytes), overlap
         self.speed = self.shares if speed is None else np.asarray(speed, dtype=float)
         self._splits: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._parts: dict[tuple[int, int], np.ndarray] = {}  # (group, parts) -> part of each of its ops
         self._edges_by_group: dict[int, np.ndarray] | None = None
         self.cache: dict[bytes, Score] = {}
         self.simulations = 0
@@ -214,8 +215,12 @@ class Evaluator:
             edges = self._edges_by_group.get(group, np.zeros(0, dtype=np.int64))
             # At most one part per OPS_PER_PART ops: METIS cannot bisect tiny remainders (and says so on stdout).
             n_parts = max(1, min(len(devs), len(ops) // OPS_PER_PART))
-            parts = group_ops(subgraph(self.sim.graph, ops, edges), self.sim.ref_time[ops] * 1e6, n_parts, seed=0)
-            hit = self._splits[key] = (ops, devs[parts.assignment])
+            # The parts depend on the part count only: masks of many machines share one METIS run.
+            parts = self._parts.get((group, n_parts))
+            if parts is None:
+                parts = self._parts[group, n_parts] = group_ops(
+                    subgraph(self.sim.graph, ops, edges), self.sim.ref_time[ops] * 1e6, n_parts, seed=0).assignment
+            hit = self._splits[key] = (ops, devs[parts])
         return hit
 
     def score(self, actions: np.ndarray) -> Score:

@@ -187,6 +187,7 @@ class _Costs:
     def __init__(self, sim: Simulator, strategy: Strategy, p):
         self.sim, self.s, self.p = sim, strategy, p
         self._shape: dict[int, tuple] = {}
+        self._extra: dict[tuple[int, int], np.ndarray] = {}
 
     def devices(self, group: int) -> tuple[np.ndarray, np.ndarray]:
         devs = np.flatnonzero(self.p.group_active[group])
@@ -199,15 +200,20 @@ class _Costs:
 
     def extra_compute(self, op: int, group: int, ps: int) -> float:
         """Whole batch instead of the replica's share, on the slowest replica (the PS alone in a PS group)."""
-        sim = self.sim
-        devs, shares = self.devices(group)
-        worst = 0.0
-        for d, f in zip(devs.tolist(), shares.tolist()):
-            if ps >= 0 and d != ps:
-                continue
-            gpu = sim.dev_gpu[d]
-            worst = max(worst, float(sim.compute.times(gpu, sim.batch)[op] - sim.compute.times(gpu, sim.batch * f)[op]))
-        return worst
+        if (group, ps) not in self._extra:
+            sim = self.sim
+            devs, shares = self.devices(group)
+            if ps >= 0:
+                devs, shares = devs[devs == ps], shares[devs == ps]
+            # Thousands of replicas, a few kinds: one time table per (GPU type, share).
+            _, first = np.unique(np.column_stack([sim.dev_gpu_id[devs], np.round(shares, 12)]), axis=0,
+                                 return_index=True)
+            worst = np.zeros(sim.n)
+            for d, share in zip(devs[first].tolist(), shares[first].tolist()):
+                gpu = sim.dev_gpu[d]
+                worst = np.maximum(worst, sim.compute.times(gpu, sim.batch) - sim.compute.times(gpu, sim.batch * share))
+            self._extra[group, ps] = worst
+        return float(self._extra[group, ps][op])
 
     def gather(self, nbytes: float, group: int, ps: int) -> float:
         """All replicas' rows to every replica (all-gather), or to the PS."""
