@@ -37,16 +37,22 @@ def flatten(sched) -> Flat:
 
 def op_times(n: int, flat: Flat, iteration: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(earliest start, latest end, longest idle gap after) of every op over the slots that run it."""
-    op_start = np.full(n, np.inf)
-    op_end = np.zeros(n)
-    op_idle = np.zeros(n)
-    np.minimum.at(op_start, flat.ops, flat.start)
-    np.maximum.at(op_end, flat.ops, flat.end)
-    following = np.append(flat.start[1:], iteration)
-    last = (flat.base + flat.lens - 1)[flat.lens > 0]
-    following[last] = iteration  # a slot's last op idles until the step ends
-    np.maximum.at(op_idle, flat.ops, following - flat.end)
-    op_start[np.isinf(op_start)] = 0.0
+    return _op_times(n, flat.ops, flat.start, flat.end, flat.base, flat.lens, iteration)
+
+
+@njit(cache=True, nogil=True)
+def _op_times(n, ops, start, end, base, lens, iteration):
+    op_start, op_end, op_idle = np.full(n, np.inf), np.zeros(n), np.zeros(n)
+    for sl in range(len(base)):
+        for i in range(base[sl], base[sl] + lens[sl]):
+            op = ops[i]
+            op_start[op] = min(op_start[op], start[i])
+            op_end[op] = max(op_end[op], end[i])
+            following = start[i + 1] if i + 1 < base[sl] + lens[sl] else iteration  # the last idles to the end
+            op_idle[op] = max(op_idle[op], following - end[i])
+    for op in range(n):
+        if op_start[op] == np.inf:
+            op_start[op] = 0.0
     return op_start, op_end, op_idle
 
 
