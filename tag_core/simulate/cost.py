@@ -282,6 +282,7 @@ class ComputeModel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        batch = key[1]  # from the key, not the caller's value: a table must not depend on who asked first
         result = self._roofline(gpu, batch) + launch_floor(gpu)
         source = self.source_for(gpu)
         if source is not None:

@@ -21,23 +21,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .chains import Chains, build_chains
 from .comm_loop import chain_ends, run_items
 from .expand import transfer_durations
 from .slots import Slots, make_slots
 from .strategy import Strategy
-from .units import ALLREDUCE, KINDS, SINGLE, SPLIT, Collectives, Placement, Transfers
+from .units import ALLREDUCE, KINDS, SINGLE, Collectives, Placement, Transfers
 
 
 @dataclass
 class Schedule:
     slots: Slots
-    chains: list[np.ndarray]  # op indices per slot, in execution order
-    start: list[np.ndarray]
-    end: list[np.ndarray]
-    dur: list[np.ndarray]
+    chains: Chains  # every slot's ops in execution order, flat, with durations and batches
+    start: np.ndarray  # per chain entry
+    end: np.ndarray
     on: np.ndarray  # bool (slots, ops)
     cidx: np.ndarray  # (slots, ops): position of the op in the slot's chain, -1 if absent
-    batch: list[np.ndarray]  # effective batch of each chain op
     tr_start: np.ndarray
     tr_end: np.ndarray
     tr_dur: np.ndarray
@@ -67,17 +66,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     order, pos = _execution_order(ctx, s)
     # (slots, ops) int32: a plan over 2048 slots of an 18k-op graph would hold 300 MB in int64.
     cidx = np.full((S, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
-    chains, durs, batches, C = [], [], [], []
-    for k in range(S):
-        d = int(slots.dev[k])
-        ops = order[on[k, order]]
-        eb = np.where(p.kind[ops] == SPLIT, ctx.batch * p.group_share[g_of[ops], d], float(ctx.batch))
-        dur = _durations(ctx, ctx.dev_gpu[d], ops, eb)
-        cidx[k, ops] = np.arange(len(ops))
-        # int32 ops, and C[k] - dur[k] (when op k may start) read where needed: at 681 slots of an 18k-op
-        # graph each array per (slot, op) is 100 MB.
-        chains.append(ops.astype(np.int32)), durs.append(dur), batches.append(eb)
-        C.append(np.cumsum(dur))
+    ch = build_chains(ctx, p, s, slots, on, order, cidx)
 
     # ---- communication items, in the order of their consumers ----
     tr_dur = transfer_durations(ctx, t)
@@ -91,9 +80,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     kinds = [np.zeros(n_t, dtype=np.int64)]
     refs = [np.arange(n_t)]
     U = len(colls)
-    lens = np.array([len(c) for c in chains], dtype=np.int64)
-    base = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-    ops_flat = np.concatenate(chains) if S else np.zeros(0, dtype=np.int32)
+    lens, base, ops_flat = ch.lens, ch.base, ch.ops
     in_slot = in_k = d_slot = d_k = d_unit = np.zeros(0, dtype=np.int64)
     in_count = np.zeros(U, dtype=np.int64)
     if U:
@@ -126,8 +113,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels).
     t_chan, coll_chans = _compact_channels(t.channel, colls.channels)
     num_channels = 1 + max([int(t_chan.max()) if n_t else -1] + [int(c.max()) for c in coll_chans if len(c)])
-    cum = np.concatenate(C) if S else np.zeros(0)
-    dur_flat = np.concatenate(durs) if S else np.zeros(0)
+    cum, dur_flat = ch.cum, ch.dur
     # Room for every arrival a slot can get: one per transfer into it and per delivery to it.
     room = np.bincount(cons_slot, minlength=S) + np.bincount(d_slot, minlength=S)
     ext_base = np.concatenate([[0], np.cumsum(room)]).astype(np.int64)
@@ -137,7 +123,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     if colls.statistic is not None:
         held &= ~colls.statistic  # ... but a statistic's is on its way
     held &= not s.overlap
-    last_grad = _last_gradients(ctx, chains) if held.any() else np.full(S, -1, dtype=np.int64)
+    last_grad = _last_gradients(ctx, ch) if held.any() else np.full(S, -1, dtype=np.int64)
     tr_start, tr_end, coll_start, coll_end, ext_len, ext_idx, ext_val = run_items(
         cum, dur_flat, base, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
         src_slot.astype(np.int64), src_k.astype(np.int64), cons_slot.astype(np.int64), cons_k.astype(np.int64),
@@ -146,14 +132,12 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
         d_unit.astype(np.int64), num_channels)
     end_flat = chain_ends(cum, base, lens, ext_base, ext_len, ext_idx, ext_val)
-    ends = np.split(end_flat, base[1:]) if S else []
-    starts = np.split(end_flat - dur_flat, base[1:]) if S else []
     iteration = float(end_flat[base[lens > 0] + lens[lens > 0] - 1].max()) if (lens > 0).any() else 0.0
     if n_t:
         iteration = max(iteration, float(tr_end.max()))
     if len(colls):
         iteration = max(iteration, float(coll_end.max()))
-    return Schedule(slots, chains, starts, ends, durs, on, cidx, batches, tr_start, tr_end, tr_dur, src_slot,
+    return Schedule(slots, ch, end_flat - dur_flat, end_flat, on, cidx, tr_start, tr_end, tr_dur, src_slot,
                     cons_slot, coll_start, coll_end, iteration, t, weight, landing)
 
 
@@ -192,25 +176,13 @@ def _execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:
     return order, pos
 
 
-def _durations(ctx, gpu, ops: np.ndarray, eb: np.ndarray) -> np.ndarray:
-    values = np.unique(eb)
-    if len(values) == 1:
-        return ctx.compute.times(gpu, float(values[0]))[ops]
-    out = np.empty(len(ops))
-    for b in values.tolist():
-        sel = eb == b
-        out[sel] = ctx.compute.times(gpu, b)[ops[sel]]
-    return out
-
-
-def _last_gradients(ctx, chains) -> np.ndarray:
+def _last_gradients(ctx, ch: Chains) -> np.ndarray:
     """Per slot, the chain position of its last gradient op (-1 for none): without overlap, sync waits for
     the latest of their ends."""
-    out = np.full(len(chains), -1, dtype=np.int64)
-    for sl, ops in enumerate(chains):
-        grads = np.flatnonzero(ctx.is_gradient[ops])
-        if len(grads):
-            out[sl] = grads[-1]
+    out = np.full(len(ch.lens), -1, dtype=np.int64)
+    entries = np.flatnonzero(ctx.is_gradient[ch.ops])
+    slot = np.searchsorted(ch.base, entries, side="right") - 1  # base is sorted; empty slots share a base
+    np.maximum.at(out, slot, entries - ch.base[slot])
     return out
 
 

@@ -27,12 +27,10 @@ class Flat:
 
 
 def flatten(sched) -> Flat:
-    lens = np.array([len(c) for c in sched.chains], dtype=np.int64)
-    base = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-    cat = lambda xs, dtype: np.concatenate(xs).astype(dtype, copy=False) if len(xs) else np.zeros(0, dtype)  # noqa: E731
-    index = np.int32 if len(lens) < 2**31 else np.int64  # ops and slots: tens of millions of entries
-    return Flat(cat(sched.chains, index), np.repeat(np.arange(len(lens), dtype=index), lens),
-                cat(sched.start, np.float64), cat(sched.end, np.float64), cat(sched.batch, np.float64), base, lens)
+    ch = sched.chains
+    index = np.int32 if len(ch.lens) < 2**31 else np.int64  # slots: tens of millions of entries
+    return Flat(ch.ops, np.repeat(np.arange(len(ch.lens), dtype=index), ch.lens), sched.start, sched.end, ch.batch,
+                ch.base, ch.lens)
 
 
 def op_times(n: int, flat: Flat, iteration: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

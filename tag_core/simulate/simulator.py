@@ -210,10 +210,8 @@ class Simulator:
     def _result(self, s, p, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
         slots = sched.slots
         S, T = len(slots.dev), sched.iteration
-        busy = np.array([float(d.sum()) for d in sched.dur])
+        busy = np.array([float(d.sum()) for d in sched.chains.per_slot(sched.chains.dur)])
         flat = flatten(sched)
-        if not want_timeline:  # the flat copies serve from here: drop the per-slot ones before the peak
-            sched.chains = sched.start = sched.end = sched.dur = sched.batch = None
         op_start, op_end, op_idle = op_times(self.n, flat, T)
         peak = slot_peaks(self, sched, flat)
         G = s.num_groups
@@ -247,10 +245,10 @@ class Simulator:
     def _timeline(self, t, colls, sched: Schedule) -> Timeline:
         slots = sched.slots
         cd, co, cs, ce = [], [], [], []
-        for k in range(len(slots.dev)):
+        ch = sched.chains
+        for k, (ops, start, end) in enumerate(zip(ch.per_slot(ch.ops), ch.per_slot(sched.start), ch.per_slot(sched.end))):
             for d in np.flatnonzero(slots.of_dev == k).tolist():
-                cd.append(np.full(len(sched.chains[k]), d)), co.append(sched.chains[k])
-                cs.append(sched.start[k]), ce.append(sched.end[k])
+                cd.append(np.full(len(ops), d)), co.append(ops), cs.append(start), ce.append(end)
         md, mk, ms, me = [t.cons_dev], [t.kind], [sched.tr_start], [sched.tr_end]
         for c, devices in enumerate(colls.devices):
             n = len(devices)
