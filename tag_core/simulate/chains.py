@@ -24,8 +24,9 @@ class Chains:
     lens: np.ndarray
     ops: np.ndarray  # int32
     dur: np.ndarray
-    cum: np.ndarray  # running sum of dur within each slot
-    batch: np.ndarray  # samples each entry processes
+    cum: np.ndarray | None  # running sum of dur within each slot (the schedule turns it into the ends)
+    table: np.ndarray  # int32: the time table each entry read, whose batch is batches[table]
+    batches: np.ndarray  # samples an op processes, per time table
 
     def per_slot(self, values: np.ndarray) -> list[np.ndarray]:
         return np.split(values, self.base[1:]) if len(self.base) else []
@@ -48,7 +49,7 @@ def build_chains(ctx, p, s, slots, on: np.ndarray, order: np.ndarray, cidx: np.n
     table_full = inverse[S * G:].astype(np.int64)
     base, lens, ops, table, dur, cum = _build(order.astype(np.int64), on, p.kind == SPLIT, s.op_groups, table_split,
                                               table_full, tables, cidx)
-    return Chains(base, lens, ops, dur, cum, distinct[:, 1][table])
+    return Chains(base, lens, ops, dur, cum, table, distinct[:, 1].copy())
 
 
 @njit(cache=True, nogil=True)
@@ -64,7 +65,7 @@ def _build(order, on, split, group, table_split, table_full, tables, cidx):
         base[k] = base[k - 1] + lens[k - 1]
     total = base[S - 1] + lens[S - 1] if S else 0
     ops = np.empty(total, dtype=np.int32)
-    table = np.empty(total, dtype=np.int64)
+    table = np.empty(total, dtype=np.int32)
     dur, cum = np.empty(total), np.empty(total)
     for k in range(S):
         w, running = base[k], 0.0

@@ -102,13 +102,13 @@ def run_items(cum, dur, base, ext_base, item_kind, item_ref,
 
 @njit(cache=True, nogil=True)
 def chain_ends(cum, base, lens, ext_base, ext_len, ext_idx, ext_val):
-    """Every chain entry's end: its cumulative duration plus the running maximum of the arrivals' delays."""
-    out = cum.copy()
+    """Every chain entry's end, in place of its cumulative duration: plus the running maximum of the arrivals'
+    delays (a plan over hundreds of slots has tens of millions of entries: no copy)."""
     for sl in range(len(base)):
         j, stop, extra = ext_base[sl], ext_base[sl] + ext_len[sl], 0.0
         for k in range(lens[sl]):
             if j < stop and ext_idx[j] == k:
                 extra = max(extra, ext_val[j])
                 j += 1
-            out[base[sl] + k] += extra
-    return out
+            cum[base[sl] + k] += extra
+    return cum

@@ -33,8 +33,7 @@ from .units import ALLREDUCE, KINDS, SINGLE, Collectives, Placement, Transfers
 class Schedule:
     slots: Slots
     chains: Chains  # every slot's ops in execution order, flat, with durations and batches
-    start: np.ndarray  # per chain entry
-    end: np.ndarray
+    end: np.ndarray  # per chain entry
     on: np.ndarray  # bool (slots, ops)
     cidx: np.ndarray  # (slots, ops): position of the op in the slot's chain, -1 if absent
     tr_start: np.ndarray
@@ -48,6 +47,10 @@ class Schedule:
     transfers: Transfers | None = None  # the transfers simulated (make_slots may drop symmetric machines')
     tr_weight: np.ndarray | None = None  # per simulated transfer: how many real ones it stands for
     tr_landing: np.ndarray | None = None  # ... and how many of those land on its consumer's device
+
+    @property
+    def start(self) -> np.ndarray:
+        return self.end - self.chains.dur
 
 
 def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, machines: bool = True) -> Schedule:
@@ -132,12 +135,13 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
         d_unit.astype(np.int64), num_channels)
     end_flat = chain_ends(cum, base, lens, ext_base, ext_len, ext_idx, ext_val)
+    ch.cum = None  # now the ends
     iteration = float(end_flat[base[lens > 0] + lens[lens > 0] - 1].max()) if (lens > 0).any() else 0.0
     if n_t:
         iteration = max(iteration, float(tr_end.max()))
     if len(colls):
         iteration = max(iteration, float(coll_end.max()))
-    return Schedule(slots, ch, end_flat - dur_flat, end_flat, on, cidx, tr_start, tr_end, tr_dur, src_slot,
+    return Schedule(slots, ch, end_flat, on, cidx, tr_start, tr_end, tr_dur, src_slot,
                     cons_slot, coll_start, coll_end, iteration, t, weight, landing)
 
 

@@ -180,21 +180,21 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         if too_many_rows(r, m):  # thousands of pieces: one unit per tensor
             resharded.append(rows_units(ctx, edges, r))
             continue
-        n_e, n_r = len(edges), len(r)
-        e_rep = np.repeat(edges, n_r)
-        r_til = np.tile(r, (n_e, 1))
-        pieces.append((e_rep, r_til))
+        # One edge per pattern is the rule for a PS's pushes (millions of rows on thousands of GPUs): no copy.
+        pieces.append((np.repeat(edges, len(r)), r if len(edges) == 1 else np.tile(r, (len(edges), 1))))
     colls = concat_collectives([_edge_collectives(ctx, gathered), *resharded])
     if not pieces:
         return _empty_transfers(), colls
+    # Field by field, each piece's rows dropped once read: a PS on thousands of GPUs pushes millions of them.
     e_idx = np.concatenate([e for e, _ in pieces])
-    rows = np.concatenate([r for _, r in pieces])
-    src_dev = rows[:, 0].astype(np.int64)
-    dst_dev = rows[:, 1].astype(np.int64)
-    nbytes = ctx.e_bytes[e_idx] * rows[:, 2]
+    rows = [r for _, r in pieces]
+    del pieces
+    src_dev, dst_dev, fraction, kind = (np.concatenate([r[:, c] for r in rows]) for c in range(4))
+    del rows
     return Transfers(
-        cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev, src_op=ctx.e_src[e_idx], src_dev=src_dev, nbytes=nbytes,
-        channel=ctx.dev_channel[src_dev, dst_dev], kind=rows[:, 3].astype(np.int64),
+        cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev.astype(np.int64), src_op=ctx.e_src[e_idx],
+        src_dev=src_dev.astype(np.int64), nbytes=ctx.e_bytes[e_idx] * fraction,
+        channel=ctx.dev_channel[src_dev.astype(np.int64), dst_dev.astype(np.int64)], kind=kind.astype(np.int64),
     ), colls
 
 
@@ -406,14 +406,21 @@ def _empty_transfers() -> Transfers:
 
 
 def concat_transfers(parts: list[Transfers]) -> Transfers:
+    """The parts' transfers in one; the parts are used up (their fields dropped as they are copied: a PS on
+    thousands of GPUs has millions of transfers, and two whole copies of them would double the peak)."""
     parts = [t for t in parts if len(t.cons_op)]
     if not parts:
         return _empty_transfers()
     if len(parts) == 1:
         return parts[0]
-    return Transfers(*(np.concatenate([getattr(t, f) for t in parts]) for f in
-                       ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind")))
+    fields = {}
+    for f in ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind"):
+        fields[f] = np.concatenate([getattr(t, f) for t in parts])
+        for t in parts:
+            setattr(t, f, None)
+    return Transfers(**fields)
 
 
-def transfer_durations(ctx, t: Transfers) -> np.ndarray:
-    return ctx.channel_latency[t.channel] + t.nbytes / ctx.channel_bps[t.channel]
+def transfer_durations(ctx, t: Transfers, rows: slice = slice(None)) -> np.ndarray:
+    channel = t.channel[rows]
+    return ctx.channel_latency[channel] + t.nbytes[rows] / ctx.channel_bps[channel]

@@ -7,46 +7,26 @@ sorting the events or holding them all at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import njit
 
 
-@dataclass
-class Flat:
-    """Every slot's chain, concatenated: entry i is op `ops[i]` on slot `slot[i]`."""
-
-    ops: np.ndarray
-    slot: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    batch: np.ndarray
-    base: np.ndarray  # per slot: index of its first entry
-    lens: np.ndarray  # per slot: chain length
-
-
-def flatten(sched) -> Flat:
-    ch = sched.chains
-    index = np.int32 if len(ch.lens) < 2**31 else np.int64  # slots: tens of millions of entries
-    return Flat(ch.ops, np.repeat(np.arange(len(ch.lens), dtype=index), ch.lens), sched.start, sched.end, ch.batch,
-                ch.base, ch.lens)
-
-
-def op_times(n: int, flat: Flat, iteration: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def op_times(n: int, sched, iteration: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(earliest start, latest end, longest idle gap after) of every op over the slots that run it."""
-    return _op_times(n, flat.ops, flat.start, flat.end, flat.base, flat.lens, iteration)
+    ch = sched.chains
+    return _op_times(n, ch.ops, ch.dur, sched.end, ch.base, ch.lens, iteration)
 
 
 @njit(cache=True, nogil=True)
-def _op_times(n, ops, start, end, base, lens, iteration):
+def _op_times(n, ops, dur, end, base, lens, iteration):
     op_start, op_end, op_idle = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     for sl in range(len(base)):
-        for i in range(base[sl], base[sl] + lens[sl]):
+        last = base[sl] + lens[sl] - 1
+        for i in range(base[sl], last + 1):
             op = ops[i]
-            op_start[op] = min(op_start[op], start[i])
+            op_start[op] = min(op_start[op], end[i] - dur[i])
             op_end[op] = max(op_end[op], end[i])
-            following = start[i + 1] if i + 1 < base[sl] + lens[sl] else iteration  # the last idles to the end
+            following = end[i + 1] - dur[i + 1] if i < last else iteration  # the last idles to the end
             op_idle[op] = max(op_idle[op], following - end[i])
     for op in range(n):
         if op_start[op] == np.inf:
@@ -54,25 +34,24 @@ def _op_times(n, ops, start, end, base, lens, iteration):
     return op_start, op_end, op_idle
 
 
-def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
+def slot_peaks(ctx, sched) -> np.ndarray:
     """Per slot: variables held + the peak of live activations and received buffers under the schedule.
 
     An activation lives from its op's start until its last local consumer ends or its last transfer out
     is done; a received buffer from the transfer's start until its consumer ends (times its landing count:
     symmetric machines' buffers dropped by slots.py). Peaks are taken just after each allocation, frees at
     the same instant first."""
-    S = len(flat.lens)
-    t, on, cidx = sched.transfers, sched.on, sched.cidx
+    ch, t, on, cidx = sched.chains, sched.transfers, sched.on, sched.cidx
+    S = len(ch.lens)
     rows, cols = np.nonzero(on[:, ctx.var_inc_op])
     held = np.zeros((S, ctx.num_vars), dtype=bool)
     held[rows, ctx.var_inc_var[cols]] = True
     static = held @ ctx.var_bytes
     del held, rows, cols
-    ops = flat.ops
-    size = ctx.act_bytes[ops] * np.where(ctx.batch_scaled[ops], flat.batch / ctx.batch, 1.0)
-    free = flat.end.copy()
-    base = flat.base
-    _local_frees(free, flat.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers hold it until they end
+    size = _sizes(ch.ops, ch.table, ch.batches / ctx.batch, ctx.act_bytes, ctx.batch_scaled)
+    free = sched.end.copy()
+    base = ch.base
+    _local_frees(free, sched.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers hold it until they end
     n_t = len(t.cons_op)
     t_ptr = np.zeros(S + 1, dtype=np.int64)
     t_alloc = t_free = t_size = np.zeros(0)
@@ -85,10 +64,20 @@ def slot_peaks(ctx, sched, flat: Flat) -> np.ndarray:
         t_cons = cons[by_slot]
         t_ptr[1:] = np.cumsum(np.bincount(t_cons, minlength=S))
         t_alloc = sched.tr_start[by_slot]
-        t_free = flat.end[base[t_cons] + cidx[t_cons, t.cons_op[by_slot]]]
+        t_free = sched.end[base[t_cons] + cidx[t_cons, t.cons_op[by_slot]]]
         t_size = (t.nbytes * sched.tr_landing)[by_slot]
-    peak = _sweep(base, flat.lens, flat.start, free, size, t_ptr, t_alloc, t_free, t_size)
-    return static + np.where(flat.lens == 0, 0.0, peak)
+    peak = _sweep(base, ch.lens, ch.dur, sched.end, free, size, t_ptr, t_alloc, t_free, t_size)
+    return static + np.where(ch.lens == 0, 0.0, peak)
+
+
+@njit(cache=True, nogil=True)
+def _sizes(ops, table, scale, act_bytes, batch_scaled):
+    """Bytes each chain entry's outputs take: batch-scaled ones at the batch share it processes."""
+    out = np.empty(len(ops))
+    for i in range(len(ops)):
+        op = ops[i]
+        out[i] = act_bytes[op] * (scale[table[i]] if batch_scaled[op] else 1.0)
+    return out
 
 
 @njit(cache=True, nogil=True)
@@ -103,7 +92,7 @@ def _local_frees(free, end, base, cidx, e_src, e_dst):
 
 
 @njit(cache=True, nogil=True)
-def _sweep(base, lens, start, free, size, t_ptr, t_alloc, t_free, t_size):
+def _sweep(base, lens, dur, end, free, size, t_ptr, t_alloc, t_free, t_size):
     """Per slot, the most bytes live just after an allocation. A slot's chain allocates in time order (it runs
     one op at a time); its received buffers are merged in. Each free is subtracted just before the first
     allocation at or after it (frees first at one instant): found by galloping from the buffer's own
@@ -118,15 +107,15 @@ def _sweep(base, lens, start, free, size, t_ptr, t_alloc, t_free, t_size):
         freed = np.zeros(n + m + 1)
         i = j = 0
         for w in range(n + m):
-            if j >= m or (i < n and start[b + i] <= t_alloc[order[j]]):
-                when[w], amount[w] = start[b + i], size[b + i]
+            if j >= m or (i < n and end[b + i] - dur[b + i] <= t_alloc[order[j]]):
+                when[w], amount[w] = end[b + i] - dur[b + i], size[b + i]
                 i += 1
             else:
                 when[w], amount[w] = t_alloc[order[j]], t_size[order[j]]
                 j += 1
         i = j = 0
         for w in range(n + m):  # the same merge again, now that `when` is whole
-            if j >= m or (i < n and start[b + i] <= t_alloc[order[j]]):
+            if j >= m or (i < n and end[b + i] - dur[b + i] <= t_alloc[order[j]]):
                 dies, i = free[b + i], i + 1
             else:
                 dies, j = t_free[order[j]], j + 1

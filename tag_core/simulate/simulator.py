@@ -27,7 +27,7 @@ from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
 from .expand import concat_collectives, concat_transfers, edge_transfers, gradient_collectives, place, ps_pulls
 from .feeds import client_cost_s
-from .memory import flatten, op_times, slot_peaks
+from .memory import op_times, slot_peaks
 from .result import SimResult, Timeline
 from .statistics import statistic_collectives
 from .strategy import Strategy
@@ -202,7 +202,7 @@ class Simulator:
         p = place(self, s)
         grad_colls, reduced = gradient_collectives(self, p, s)
         moves, edge_colls = edge_transfers(self, p, s, reduced)
-        transfers = concat_transfers([moves, ps_pulls(self, p, s)])
+        transfers = concat_transfers([moves, ps_pulls(self, p, s)])  # uses `moves` up
         colls = concat_collectives([grad_colls, statistic_collectives(self, p, s), edge_colls])
         sched = schedule(self, p, s, transfers, colls, machines=not timeline)
         return self._result(s, p, sched.transfers, colls, sched, timeline)
@@ -211,9 +211,8 @@ class Simulator:
         slots = sched.slots
         S, T = len(slots.dev), sched.iteration
         busy = np.array([float(d.sum()) for d in sched.chains.per_slot(sched.chains.dur)])
-        flat = flatten(sched)
-        op_start, op_end, op_idle = op_times(self.n, flat, T)
-        peak = slot_peaks(self, sched, flat)
+        op_start, op_end, op_idle = op_times(self.n, sched, T)
+        peak = slot_peaks(self, sched)
         G = s.num_groups
         g_start = np.full(G, np.inf)
         g_end = np.zeros(G)
@@ -246,7 +245,8 @@ class Simulator:
         slots = sched.slots
         cd, co, cs, ce = [], [], [], []
         ch = sched.chains
-        for k, (ops, start, end) in enumerate(zip(ch.per_slot(ch.ops), ch.per_slot(sched.start), ch.per_slot(sched.end))):
+        per_slot = zip(ch.per_slot(ch.ops), ch.per_slot(sched.start), ch.per_slot(sched.end))
+        for k, (ops, start, end) in enumerate(per_slot):
             for d in np.flatnonzero(slots.of_dev == k).tolist():
                 cd.append(np.full(len(ops), d)), co.append(ops), cs.append(start), ce.append(end)
         md, mk, ms, me = [t.cons_dev], [t.kind], [sched.tr_start], [sched.tr_end]

@@ -20,6 +20,7 @@ import numpy as np
 from .expand import transfer_durations
 from .units import Transfers
 
+HASH_BLOCK = 1 << 18  # transfers hashed at a time
 MAX_COVER_ROUNDS = 32  # greedy rounds of pinning machines; what is left after them is pinned whole
 
 
@@ -61,7 +62,8 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
     """(representative device per device, transfers kept, their weights, landing counts); see the module
     docstring."""
     dm, M = ctx.dev_machine, ctx.topology.num_machines
-    src_m, dst_m = dm[t.src_dev], dm[t.cons_dev]
+    machine = np.int32 if M < 2**31 else np.int64  # millions of transfers on thousands of GPUs
+    src_m, dst_m = dm[t.src_dev].astype(machine), dm[t.cons_dev].astype(machine)
     anchor = np.zeros(M, dtype=bool)
     anchor[dm[p.single_dev[p.single_dev >= 0]]] = True
     # Traffic between two machines neither of which is an anchor: pin a small set of machines that covers
@@ -78,16 +80,20 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
                 break
         anchor[pairs.ravel()] = True
     start = ctx.machine_first_device
-    local_src, local_dst = t.src_dev - start[src_m], t.cons_dev - start[dst_m]
-    dur = np.round(transfer_durations(ctx, t) * 1e12)
     # A multiset fingerprint of each machine's transfers: two sums of a per-row hash (order-free).
     h = np.zeros(M, dtype=np.uint64)
     h2 = np.zeros(M, dtype=np.uint64)
-    for side, m, mine, other_m, other in ((0, src_m, local_src, dst_m, t.cons_dev), (1, dst_m, local_dst, src_m, t.src_dev)):
-        other_id = np.where(other_m == m, -1 - (other - start[other_m]), other)  # inside: by local index
-        row = _mix(side, mine, other_id, t.src_op, t.cons_op, t.kind, t.nbytes.round(), dur)
-        np.add.at(h, m, row)
-        np.add.at(h2, m, row * row + np.uint64(0x9E3779B97F4A7C15))
+    # In blocks of transfers: a PS on thousands of GPUs has millions, and each hash step is a temporary per row
+    # (wrapping sums: the blocks add up to the same fingerprints).
+    for lo in range(0, len(t.cons_op), HASH_BLOCK):
+        b = slice(lo, lo + HASH_BLOCK)
+        dur = np.round(transfer_durations(ctx, t, b) * 1e12)
+        sm, dm_, sd, cd = src_m[b], dst_m[b], t.src_dev[b], t.cons_dev[b]
+        for side, m, mine, other_m, other in ((0, sm, sd - start[sm], dm_, cd), (1, dm_, cd - start[dm_], sm, sd)):
+            other_id = np.where(other_m == m, -1 - (other - start[other_m]), other)  # inside: by local index
+            row = _mix(side, mine, other_id, t.src_op[b], t.cons_op[b], t.kind[b], t.nbytes[b].round(), dur)
+            np.add.at(h, m, row)
+            np.add.at(h2, m, row * row + np.uint64(0x9E3779B97F4A7C15))
     eff = np.arange(len(dm))
     rep_of = np.arange(M)
     for members in ctx.machine_class_members:
