@@ -37,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+LOCAL_TOPOLOGY = "local-2"  # what `tag calibrate --local 2` names the topology it writes
 TRANSFORMER = "transformer[layers=2,d_model=128,heads=4,ff=256,vocab=1000,seq_len=16]"
 MODELS = {  # reference, profiled batch sizes, the unprofiled one in between: sizes that fit this machine
     "mlp": ("mlp", (32, 128), 64),
@@ -137,8 +138,8 @@ def repredict(report: dict, root: Path, commit: str) -> dict:
     """`report`'s measured steps against predictions the code at `root` makes from the profiles and calibration
     samples stored in the report's home (the calibration fitted again, REFIT): what a change of the cost model
     or of the fits does, without measuring again."""
-    topology = str(Path(report["home"]) / "local-2.json")
-    refit = json.loads(run([sys.executable, "-c", REFIT], environment(root, report["home"]), root))
+    topology = str(Path(report["home"]) / f"{LOCAL_TOPOLOGY}.json")
+    refit = json.loads(run([sys.executable, "-c", REFIT, LOCAL_TOPOLOGY], environment(root, report["home"]), root))
     say(f"[{report['label']}, re-predicted] calibration {refit['from']} refitted from its samples: {refit['to']}")
     models = []
     for m in report["models"]:
@@ -152,12 +153,12 @@ def repredict(report: dict, root: Path, commit: str) -> dict:
 
 # The home's calibration fitted again from its stored samples by this code, and stored: the newest
 # calibration of the snapshot is the one `tag emit` applies.
-REFIT = """import json
+REFIT = """import json, sys
 from tag_core import store
 from tag_core.cluster.calibration import fit_calibration, load_from_store, save_to_store
 from tag_core.runtime.calibrate import code_version
 conn = store.connect()
-old = load_from_store(conn, topology="local-2")
+old = load_from_store(conn, topology=sys.argv[1])
 new = fit_calibration(list(old.samples), topology=old.topology, topology_hash=old.topology_hash, source=old.source,
                       host=old.host, code_version=code_version())
 save_to_store(conn, new)
@@ -226,7 +227,7 @@ def main() -> None:
         return
     Path(home).mkdir(parents=True, exist_ok=True)
     env = environment(root, home)
-    topology = str(Path(home) / "local-2.json")
+    topology = str(Path(home) / f"{LOCAL_TOPOLOGY}.json")
     calibrated = Path(home) / "calibration.json"
     if not calibrated.exists():  # once per home: every model of a label is predicted with the same calibration
         say(f"[{args.label}] calibrating 2 local tasks (TAG_HOME={home}, code {root} at {commit})")
