@@ -103,24 +103,19 @@ def _sweep(base, lens, dur, end, free, size, t_ptr, t_alloc, t_free, t_size):
         b, n = base[sl], lens[sl]
         t0, m = t_ptr[sl], t_ptr[sl + 1] - t_ptr[sl]
         order = np.argsort(t_alloc[t0:t0 + m], kind="mergesort") + t0
-        when, amount = np.empty(n + m), np.empty(n + m)
+        when, amount, dies = np.empty(n + m), np.empty(n + m), np.empty(n + m)
         freed = np.zeros(n + m + 1)
         i = j = 0
         for w in range(n + m):
             if j >= m or (i < n and end[b + i] - dur[b + i] <= t_alloc[order[j]]):
-                when[w], amount[w] = end[b + i] - dur[b + i], size[b + i]
+                when[w], amount[w], dies[w] = end[b + i] - dur[b + i], size[b + i], free[b + i]
                 i += 1
             else:
-                when[w], amount[w] = t_alloc[order[j]], t_size[order[j]]
+                when[w], amount[w], dies[w] = t_alloc[order[j]], t_size[order[j]], t_free[order[j]]
                 j += 1
-        i = j = 0
-        for w in range(n + m):  # the same merge again, now that `when` is whole
-            if j >= m or (i < n and end[b + i] - dur[b + i] <= t_alloc[order[j]]):
-                dies, i = free[b + i], i + 1
-            else:
-                dies, j = t_free[order[j]], j + 1
+        for w in range(n + m):  # now that `when` is whole
             if amount[w] > 0:
-                freed[_first_at_or_after(when, w, dies)] += amount[w]
+                freed[_first_at_or_after(when, w, dies[w])] += amount[w]
         live = best = 0.0
         for w in range(n + m):
             live -= freed[w]
