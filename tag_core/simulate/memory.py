@@ -56,9 +56,7 @@ def slot_peaks(ctx, sched) -> np.ndarray:
     t_ptr = np.zeros(S + 1, dtype=np.int64)
     t_alloc = t_free = t_size = np.zeros(0)
     if n_t:
-        out = t.src_op >= 0
-        src = sched.tr_src_slot[out]
-        np.maximum.at(free, base[src] + cidx[src, t.src_op[out]], sched.tr_end[out])
+        _transfer_frees(free, base, cidx, sched.tr_src_slot, t.src_op, sched.tr_end)
         cons = sched.tr_cons_slot
         by_slot = np.argsort(cons, kind="stable")
         t_cons = cons[by_slot]
@@ -89,6 +87,17 @@ def _local_frees(free, end, base, cidx, e_src, e_dst):
             ks, kd = row[e_src[e]], row[e_dst[e]]
             if ks >= 0 and kd >= 0 and end[b + kd] > free[b + ks]:
                 free[b + ks] = end[b + kd]
+
+
+@njit(cache=True, nogil=True)
+def _transfer_frees(free, base, cidx, src_slot, src_op, end):
+    """An activation sent elsewhere is freed no earlier than the end of its last transfer out (a PS pull,
+    src_op -1, has none)."""
+    for i in range(len(src_op)):
+        if src_op[i] >= 0:
+            k = base[src_slot[i]] + cidx[src_slot[i], src_op[i]]
+            if end[i] > free[k]:
+                free[k] = end[i]
 
 
 @njit(cache=True, nogil=True)

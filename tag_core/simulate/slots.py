@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
-from .expand import transfer_durations
 from .units import Transfers
 
-HASH_BLOCK = 1 << 18  # transfers hashed at a time
 MAX_COVER_ROUNDS = 32  # greedy rounds of pinning machines; what is left after them is pinned whole
 
 
@@ -62,16 +61,14 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
     """(representative device per device, transfers kept, their weights, landing counts); see the module
     docstring."""
     dm, M = ctx.dev_machine, ctx.topology.num_machines
-    machine = np.int32 if M < 2**31 else np.int64  # millions of transfers on thousands of GPUs
-    src_m, dst_m = dm[t.src_dev].astype(machine), dm[t.cons_dev].astype(machine)
     anchor = np.zeros(M, dtype=bool)
     anchor[dm[p.single_dev[p.single_dev >= 0]]] = True
     # Traffic between two machines neither of which is an anchor: pin a small set of machines that covers
     # every such pair (greedy, the machines with the most partners first: one machine feeding a group on all
     # the others, or a few machines feeding a group on many), so the many on the other side still collapse.
-    loose = ~anchor[src_m] & ~anchor[dst_m] & (src_m != dst_m)
-    if loose.any():
-        pairs = np.unique(np.column_stack([np.minimum(src_m, dst_m), np.maximum(src_m, dst_m)])[loose], axis=0)
+    pairs = _loose_pairs(dm, t.src_dev, t.cons_dev, anchor)
+    if len(pairs):
+        pairs = np.unique(pairs, axis=0)
         for _ in range(MAX_COVER_ROUNDS):
             partners = np.bincount(pairs.ravel(), minlength=M)
             anchor[partners == partners.max()] = True
@@ -80,20 +77,8 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
                 break
         anchor[pairs.ravel()] = True
     start = ctx.machine_first_device
-    # A multiset fingerprint of each machine's transfers: two sums of a per-row hash (order-free).
-    h = np.zeros(M, dtype=np.uint64)
-    h2 = np.zeros(M, dtype=np.uint64)
-    # In blocks of transfers: a PS on thousands of GPUs has millions, and each hash step is a temporary per row
-    # (wrapping sums: the blocks add up to the same fingerprints).
-    for lo in range(0, len(t.cons_op), HASH_BLOCK):
-        b = slice(lo, lo + HASH_BLOCK)
-        dur = np.round(transfer_durations(ctx, t, b) * 1e12)
-        sm, dm_, sd, cd = src_m[b], dst_m[b], t.src_dev[b], t.cons_dev[b]
-        for side, m, mine, other_m, other in ((0, sm, sd - start[sm], dm_, cd), (1, dm_, cd - start[dm_], sm, sd)):
-            other_id = np.where(other_m == m, -1 - (other - start[other_m]), other)  # inside: by local index
-            row = _mix(side, mine, other_id, t.src_op[b], t.cons_op[b], t.kind[b], t.nbytes[b].round(), dur)
-            np.add.at(h, m, row)
-            np.add.at(h2, m, row * row + np.uint64(0x9E3779B97F4A7C15))
+    h, h2 = _fingerprints(M, dm, start, t.src_dev, t.cons_dev, t.src_op, t.cons_op, t.kind, t.nbytes,
+                          t.channel, ctx.channel_latency, ctx.channel_bps)
     eff = np.arange(len(dm))
     rep_of = np.arange(M)
     for members in ctx.machine_class_members:
@@ -110,11 +95,7 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
         eff[devs] = (start[rep][:, None] + np.arange(count)[None, :])
     if (rep_of == np.arange(M)).all():
         return eff, None, None, None
-    represented = np.bincount(rep_of, minlength=M)
-    keep = (rep_of[src_m] == src_m) & (rep_of[dst_m] == dst_m)
-    weight = np.where(anchor[src_m], represented[dst_m], represented[src_m]).astype(np.float64)[keep]
-    # An anchor's device receives the dropped machines' transfers too (their buffers count in its memory).
-    landing = np.where(anchor[dst_m], represented[src_m], 1).astype(np.float64)[keep]
+    keep, weight, landing = _kept(dm, t.src_dev, t.cons_dev, rep_of, anchor, np.bincount(rep_of, minlength=M))
     return eff, keep, weight, landing
 
 
@@ -135,3 +116,66 @@ def _mix(*cols) -> np.ndarray:
             out = (out ^ v) * prime
             out ^= out >> np.uint64(29)
     return out
+
+
+_OFFSET, _PRIME, _GOLDEN = 0xCBF29CE484222325, 0x100000001B3, 0x9E3779B97F4A7C15
+
+
+@njit(cache=True, nogil=True)
+def _fingerprints(M, dm, start, src_dev, cons_dev, src_op, cons_op, kind, nbytes, channel, latency, bps):
+    """A multiset fingerprint of each machine's transfers: two wrapping sums of a per-row hash (order-free), the
+    row as each end sees it: the side, its own local device, the other end (by local index when inside the
+    machine), the ops, kind, bytes and duration (to the picosecond). One pass: a PS on thousands of GPUs has
+    millions of transfers, and a hash step per column over all of them would be a temporary each."""
+    h, h2 = np.zeros(M, dtype=np.uint64), np.zeros(M, dtype=np.uint64)
+    bits = np.empty(2)
+    as_int = bits.view(np.uint64)
+    for i in range(len(cons_op)):
+        c = channel[i]
+        bits[0] = np.rint((latency[c] + nbytes[i] / bps[c]) * 1e12) + 0.0  # + 0.0: -0.0 and 0.0 hash alike
+        bits[1] = np.rint(nbytes[i]) + 0.0
+        for side in range(2):
+            dev, other = (src_dev[i], cons_dev[i]) if side == 0 else (cons_dev[i], src_dev[i])
+            m, other_m = dm[dev], dm[other]
+            other_id = -1 - (other - start[other_m]) if other_m == m else other
+            row = np.uint64(_OFFSET)
+            for v in (np.uint64(side), np.uint64(dev - start[m]), np.uint64(other_id), np.uint64(src_op[i]),
+                      np.uint64(cons_op[i]), np.uint64(kind[i]), as_int[1], as_int[0]):
+                row = (row ^ v) * np.uint64(_PRIME)
+                row ^= row >> np.uint64(29)
+            h[m] += row
+            h2[m] += row * row + np.uint64(_GOLDEN)
+    return h, h2
+
+
+@njit(cache=True, nogil=True)
+def _loose_pairs(dm, src_dev, cons_dev, anchor):
+    """(low, high) machine pairs of the transfers between two different machines, neither an anchor."""
+    loose = np.zeros(len(src_dev), dtype=np.bool_)
+    for i in range(len(src_dev)):
+        a, b = dm[src_dev[i]], dm[cons_dev[i]]
+        loose[i] = a != b and not anchor[a] and not anchor[b]
+    rows = np.flatnonzero(loose)
+    pairs = np.empty((len(rows), 2), dtype=np.int64)
+    for k in range(len(rows)):
+        a, b = dm[src_dev[rows[k]]], dm[cons_dev[rows[k]]]
+        pairs[k, 0], pairs[k, 1] = min(a, b), max(a, b)
+    return pairs
+
+
+@njit(cache=True, nogil=True)
+def _kept(dm, src_dev, cons_dev, rep_of, anchor, represented):
+    """The transfers between representative machines; the real transfers each stands for (the dropped
+    machines on its non-anchor side) and how many of those land on its consumer's device (an anchor's device
+    receives the dropped machines' transfers too: their buffers count in its memory)."""
+    keep = np.zeros(len(src_dev), dtype=np.bool_)
+    for i in range(len(src_dev)):
+        a, b = dm[src_dev[i]], dm[cons_dev[i]]
+        keep[i] = rep_of[a] == a and rep_of[b] == b
+    rows = np.flatnonzero(keep)
+    weight, landing = np.empty(len(rows)), np.empty(len(rows))
+    for k in range(len(rows)):
+        a, b = dm[src_dev[rows[k]]], dm[cons_dev[rows[k]]]
+        weight[k] = represented[b] if anchor[a] else represented[a]
+        landing[k] = represented[a] if anchor[b] else 1
+    return keep, weight, landing
