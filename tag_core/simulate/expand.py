@@ -19,7 +19,7 @@ import numpy as np
 
 from tag_core.errors import TagInputError
 
-from .reshard import is_large, reshard_units, rows_units, too_many_rows
+from .reshard import devices_of, is_large, reshard_units, rows_units, too_many_rows
 from .strategy import Strategy
 from .units import (
     ALLGATHER,
@@ -162,7 +162,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
             continue  # same placement: every replica reads its own producer
         src, dst = desc(sp), desc(dp)
         edges = by_key[u_i]
-        collective = _collective_shape(src, dst, bool(b), m)
+        collective = _collective_shape(ctx, src, dst, bool(b), m)
         if collective is not None:
             # Tensors move by the collective; pure dependencies (no bytes) stay point-to-point signals.
             data = ctx.e_bytes[edges] > 0
@@ -198,7 +198,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     ), colls
 
 
-def _collective_shape(src, dst, batch: bool, mode: int):
+def _collective_shape(ctx, src, dst, batch: bool, mode: int):
     """(kind, devices, shares) when the move from `src` to `dst` is a collective, else None.
 
     All-gather: rows split over devices, wanted whole on each of the same devices.
@@ -213,7 +213,7 @@ def _collective_shape(src, dst, batch: bool, mode: int):
             return ALLGATHER, s_devs, s_hi - s_lo
         return None
     if len(s_devs) == 1 and (d_devs != s_devs[0]).sum() >= 2:
-        return BROADCAST, np.union1d(s_devs, d_devs), None
+        return BROADCAST, devices_of(ctx, s_devs, d_devs), None
     return None
 
 

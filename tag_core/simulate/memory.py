@@ -122,11 +122,10 @@ def _sweep(base, lens, dur, end, free, size, t_ptr, t_alloc, t_free, t_size):
             else:
                 when[w], amount[w], dies[w] = t_alloc[order[j]], t_size[order[j]], t_free[order[j]]
                 j += 1
-        for w in range(n + m):  # now that `when` is whole
+        live = best = 0.0
+        for w in range(n + m):  # frees land at or after their allocation: freed[w] is whole when reached
             if amount[w] > 0:
                 freed[_first_at_or_after(when, w, dies[w])] += amount[w]
-        live = best = 0.0
-        for w in range(n + m):
             live -= freed[w]
             live += amount[w]
             if amount[w] > 0 and live > best:
