@@ -143,7 +143,8 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         mode[reduced] = REDUCED
         ps_src = (p.kind[ctx.e_src] == SPLIT) & (s.options_arr[s.op_groups[ctx.e_src]] == 1)
         mode[sync & ~reduced & ps_src & (p.kind[ctx.e_dst] == SINGLE)] = PUSH
-    P = 2 * s.num_groups + ctx.num_devices
+    G, D = s.num_groups, ctx.num_devices
+    P = 2 * G + D
     key = ((src_pl * P + dst_pl) * 2 + ctx.e_batch) * 3 + mode
     cross = src_pl != dst_pl
     if not cross.any() and not (mode == PUSH).any():
@@ -160,8 +161,11 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         sp, dp = divmod(pair, P)
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
-        src, dst = desc(sp), desc(dp)
         edges = by_key[u_i]
+        if G <= sp < G + D and G <= dp < G + D:  # one device to another (PS, model parallel): the common pair
+            pieces.append((edges, np.array([[sp - G, dp - G, 1.0, P2P]])))
+            continue
+        src, dst = desc(sp), desc(dp)
         collective = _collective_shape(ctx, src, dst, bool(b), m)
         if collective is not None:
             # Tensors move by the collective; pure dependencies (no bytes) stay point-to-point signals.
@@ -180,16 +184,19 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         if too_many_rows(r, m):  # thousands of pieces: one unit per tensor
             resharded.append(rows_units(ctx, edges, r))
             continue
-        # One edge per pattern is the rule for a PS's pushes (millions of rows on thousands of GPUs): no copy.
-        pieces.append((np.repeat(edges, len(r)), r if len(edges) == 1 else np.tile(r, (len(edges), 1))))
+        pieces.append((edges, r))
     colls = concat_collectives([_edge_collectives(ctx, gathered), *resharded])
     if not pieces:
         return _empty_transfers(), colls
     # Field by field, each piece's rows dropped once read: a PS on thousands of GPUs pushes millions of them.
-    e_idx = np.concatenate([e for e, _ in pieces])
+    e_idx = np.concatenate([e if len(r) == 1 else np.repeat(e, len(r)) for e, r in pieces])
+    counts = [len(e) for e, _ in pieces]
     rows = [r for _, r in pieces]
     del pieces
-    src_dev, dst_dev, fraction, kind = (np.concatenate([r[:, c] for r in rows]) for c in range(4))
+    # A pattern's rows repeat for each of its edges (one edge per pattern is the rule for a PS's pushes:
+    # millions of rows on thousands of GPUs, not copied).
+    src_dev, dst_dev, fraction, kind = (np.concatenate([r[:, c] if k == 1 else np.tile(r[:, c], k)
+                                                        for r, k in zip(rows, counts)]) for c in range(4))
     del rows
     return Transfers(
         cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev.astype(np.int64), src_op=ctx.e_src[e_idx],
@@ -278,7 +285,13 @@ def _pattern(ctx, src, dst, batch: bool, mode: int) -> np.ndarray:
         return _rows(p, d, overlap, GATHER if d_kind != SPLIT else P2P, (overlap > 1e-12) & (p != d))
     # Parameter servers and model-parallel parts make hundreds of one-device placements: their pairs are
     # the common case, and isin/unique cost more than the answer there.
-    need = d_devs != s_devs[0] if len(s_devs) == 1 else ~np.isin(d_devs, s_devs)
+    if len(s_devs) == 1:
+        need = d_devs != s_devs[0]
+    elif len(d_devs) == 1:  # a group's devices are sorted
+        at = int(np.searchsorted(s_devs, d_devs[0]))
+        need = np.array([at == len(s_devs) or s_devs[at] != d_devs[0]])
+    else:
+        need = ~np.isin(d_devs, s_devs)
     d = d_devs[need]
     if not len(d):
         return np.zeros((0, 4))
