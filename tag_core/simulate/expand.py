@@ -188,16 +188,19 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     colls = concat_collectives([_edge_collectives(ctx, gathered), *resharded])
     if not pieces:
         return _empty_transfers(), colls
-    # Field by field, each piece's rows dropped once read: a PS on thousands of GPUs pushes millions of them.
-    e_idx = np.concatenate([e if len(r) == 1 else np.repeat(e, len(r)) for e, r in pieces])
-    counts = [len(e) for e, _ in pieces]
-    rows = [r for _, r in pieces]
+    # A pattern's rows repeat for each of its edges, stamped by index (one edge per pattern is the rule for a
+    # PS's pushes: millions of rows on thousands of GPUs, not copied; thousands of one-row patterns between
+    # single devices are the rule for PS updates and model-parallel parts).
+    edges = np.concatenate([e for e, _ in pieces])
+    per_edge = np.repeat([len(r) for _, r in pieces], [len(e) for e, _ in pieces])  # rows of each edge
+    first_row = np.repeat(np.cumsum([0] + [len(r) for _, r in pieces[:-1]]), [len(e) for e, _ in pieces])
+    rows = np.concatenate([r for _, r in pieces])
     del pieces
-    # A pattern's rows repeat for each of its edges (one edge per pattern is the rule for a PS's pushes:
-    # millions of rows on thousands of GPUs, not copied).
-    src_dev, dst_dev, fraction, kind = (np.concatenate([r[:, c] if k == 1 else np.tile(r[:, c], k)
-                                                        for r, k in zip(rows, counts)]) for c in range(4))
-    del rows
+    e_idx = np.repeat(edges, per_edge)
+    row_idx = np.repeat(first_row - (np.cumsum(per_edge) - per_edge), per_edge)  # first row, less the edge's start
+    row_idx += np.arange(len(e_idx))
+    src_dev, dst_dev, fraction, kind = (rows[row_idx, c] for c in range(4))
+    del rows, row_idx
     return Transfers(
         cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev.astype(np.int64), src_op=ctx.e_src[e_idx],
         src_dev=src_dev.astype(np.int64), nbytes=ctx.e_bytes[e_idx] * fraction,
