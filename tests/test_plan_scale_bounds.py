@@ -168,15 +168,20 @@ def test_the_peak_memory_sweep_matches_sorting_every_event():
         base = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
         # A chain allocates in time order; ties and zero-byte outputs happen (grid times, some sizes 0).
         start = np.concatenate([np.sort(rng.integers(0, 20, n)) for n in lens]).astype(float) / 4
+        dur = rng.integers(0, 3, len(start)) / 4 * (trial % 2)  # zero durations tie a start with its end
         free = start + rng.integers(0, 30, len(start)) / 4 * (rng.random(len(start)) < 0.9)
+        # The entry whose end frees a buffer is only where the sweep starts looking: any entry (or none) is right.
+        freed_by = np.concatenate([rng.integers(-1, n, n) for n in lens]).astype(np.int64)
         size = rng.integers(0, 5, len(start)).astype(float) * 1e6
         received = rng.integers(0, 8, len(lens))
         t_ptr = np.concatenate([[0], np.cumsum(received)]).astype(np.int64)
         t_alloc = rng.integers(0, 20, t_ptr[-1]).astype(float) / 4
         t_free = t_alloc + rng.integers(0, 30, t_ptr[-1]) / 4
         t_size = rng.integers(0, 5, t_ptr[-1]).astype(float) * 1e6
+        t_freed_by = np.concatenate([rng.integers(-1, n, k) for n, k in zip(lens, received)]).astype(np.int64)
         args = (base, lens.astype(np.int64), start, free, size, t_ptr, t_alloc, t_free, t_size)
-        got = memory._sweep(base, lens.astype(np.int64), np.zeros(len(start)), start, *args[3:])  # end - 0 = start
+        got = memory._sweep(base, lens.astype(np.int64), dur, start + dur, free, freed_by, size, t_ptr, t_alloc, t_free,
+                            t_freed_by, t_size)
         assert np.allclose(got, _peaks_by_sorting_events(*args), rtol=1e-12), trial
 
 

@@ -50,21 +50,24 @@ def slot_peaks(ctx, sched) -> np.ndarray:
     del held, rows, cols
     size = _sizes(ch.ops, ch.table, ch.batches / ctx.batch, ctx.act_bytes, ctx.batch_scaled)
     free = sched.end.copy()
+    freed_by = np.full(len(free), -1, dtype=np.int64)  # the chain entry whose end frees it (-1: none)
     base = ch.base
-    _local_frees(free, sched.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers hold it until they end
+    _local_frees(free, freed_by, sched.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers hold it
     n_t = len(t.cons_op)
     t_ptr = np.zeros(S + 1, dtype=np.int64)
     t_alloc = t_free = t_size = np.zeros(0)
+    t_freed_by = np.zeros(0, dtype=np.int64)
     if n_t:
-        _transfer_frees(free, base, cidx, sched.tr_src_slot, t.src_op, sched.tr_end)
+        _transfer_frees(free, freed_by, base, cidx, sched.tr_src_slot, t.src_op, sched.tr_end)
         cons = sched.tr_cons_slot
         by_slot = np.argsort(cons, kind="stable")
         t_cons = cons[by_slot]
         t_ptr[1:] = np.cumsum(np.bincount(t_cons, minlength=S))
         t_alloc = sched.tr_start[by_slot]
-        t_free = sched.end[base[t_cons] + cidx[t_cons, t.cons_op[by_slot]]]
+        t_freed_by = cidx[t_cons, t.cons_op[by_slot]].astype(np.int64)
+        t_free = sched.end[base[t_cons] + t_freed_by]
         t_size = (t.nbytes * sched.tr_landing)[by_slot]
-    peak = _sweep(base, ch.lens, ch.dur, sched.end, free, size, t_ptr, t_alloc, t_free, t_size)
+    peak = _sweep(base, ch.lens, ch.dur, sched.end, free, freed_by, size, t_ptr, t_alloc, t_free, t_freed_by, t_size)
     return static + np.where(ch.lens == 0, 0.0, peak)
 
 
@@ -79,33 +82,35 @@ def _sizes(ops, table, scale, act_bytes, batch_scaled):
 
 
 @njit(cache=True, nogil=True)
-def _local_frees(free, end, base, cidx, e_src, e_dst):
-    """An activation is freed no earlier than the end of each consumer on its slot."""
+def _local_frees(free, freed_by, end, base, cidx, e_src, e_dst):
+    """An activation is freed no earlier than the end of each consumer on its slot (and by the last)."""
     for sl in range(cidx.shape[0]):
         row, b = cidx[sl], base[sl]
         for e in range(len(e_src)):
             ks, kd = row[e_src[e]], row[e_dst[e]]
             if ks >= 0 and kd >= 0 and end[b + kd] > free[b + ks]:
-                free[b + ks] = end[b + kd]
+                free[b + ks], freed_by[b + ks] = end[b + kd], kd
 
 
 @njit(cache=True, nogil=True)
-def _transfer_frees(free, base, cidx, src_slot, src_op, end):
+def _transfer_frees(free, freed_by, base, cidx, src_slot, src_op, end):
     """An activation sent elsewhere is freed no earlier than the end of its last transfer out (a PS pull,
     src_op -1, has none)."""
     for i in range(len(src_op)):
         if src_op[i] >= 0:
             k = base[src_slot[i]] + cidx[src_slot[i], src_op[i]]
             if end[i] > free[k]:
-                free[k] = end[i]
+                free[k], freed_by[k] = end[i], -1
 
 
 @njit(cache=True, nogil=True)
-def _sweep(base, lens, dur, end, free, size, t_ptr, t_alloc, t_free, t_size):
+def _sweep(base, lens, dur, end, free, freed_by, size, t_ptr, t_alloc, t_free, t_freed_by, t_size):
     """Per slot, the most bytes live just after an allocation. A slot's chain allocates in time order (it runs
     one op at a time); its received buffers are merged in. Each free is subtracted just before the first
-    allocation at or after it (frees first at one instant): found by galloping from the buffer's own
-    allocation, since most buffers die soon after they are made. Only the received buffers are sorted."""
+    allocation at or after it (frees first at one instant), found by galloping: from the start of the chain
+    entry whose end frees the buffer, when that start is earlier than the free (a forward activation waits
+    for the backward pass, thousands of entries on), else from the buffer's own allocation. Only the
+    received buffers are sorted."""
     S = len(base)
     peak = np.zeros(S)
     for sl in range(S):
@@ -113,19 +118,26 @@ def _sweep(base, lens, dur, end, free, size, t_ptr, t_alloc, t_free, t_size):
         t0, m = t_ptr[sl], t_ptr[sl + 1] - t_ptr[sl]
         order = np.argsort(t_alloc[t0:t0 + m], kind="mergesort") + t0
         when, amount, dies = np.empty(n + m), np.empty(n + m), np.empty(n + m)
+        by = np.empty(n + m, dtype=np.int64)
+        at = np.empty(n, dtype=np.int64)  # where each chain entry lands in the merge
         freed = np.zeros(n + m + 1)
         i = j = 0
         for w in range(n + m):
             if j >= m or (i < n and end[b + i] - dur[b + i] <= t_alloc[order[j]]):
-                when[w], amount[w], dies[w] = end[b + i] - dur[b + i], size[b + i], free[b + i]
+                when[w], amount[w], dies[w], by[w] = end[b + i] - dur[b + i], size[b + i], free[b + i], freed_by[b + i]
+                at[i] = w
                 i += 1
             else:
-                when[w], amount[w], dies[w] = t_alloc[order[j]], t_size[order[j]], t_free[order[j]]
+                k = order[j]
+                when[w], amount[w], dies[w], by[w] = t_alloc[k], t_size[k], t_free[k], t_freed_by[k]
                 j += 1
         live = best = 0.0
         for w in range(n + m):  # frees land at or after their allocation: freed[w] is whole when reached
             if amount[w] > 0:
-                freed[_first_at_or_after(when, w, dies[w])] += amount[w]
+                lo = w
+                if by[w] >= 0 and at[by[w]] > w and when[at[by[w]]] < dies[w]:  # nothing before it is as late
+                    lo = at[by[w]]
+                freed[_first_at_or_after(when, lo, dies[w])] += amount[w]
             live -= freed[w]
             live += amount[w]
             if amount[w] > 0 and live > best:
