@@ -21,6 +21,7 @@ from numba import njit
 from .units import Transfers
 
 MAX_COVER_ROUNDS = 32  # greedy rounds of pinning machines; what is left after them is pinned whole
+_OFFSET, _PRIME, _GOLDEN = 0xCBF29CE484222325, 0x100000001B3, 0x9E3779B97F4A7C15  # the row hash's constants
 
 
 @dataclass
@@ -102,8 +103,8 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
 def _mix(*cols) -> np.ndarray:
     """A 64-bit hash per row of the columns (wrapping multiply-xor; floats by their bits)."""
     n = next(len(c) for c in cols if np.ndim(c))
-    out = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)
-    prime = np.uint64(0x100000001B3)
+    out = np.full(n, _OFFSET, dtype=np.uint64)
+    prime = np.uint64(_PRIME)
     with np.errstate(over="ignore"):
         for c in cols:
             v = np.asarray(c)
@@ -118,9 +119,6 @@ def _mix(*cols) -> np.ndarray:
     return out
 
 
-_OFFSET, _PRIME, _GOLDEN = 0xCBF29CE484222325, 0x100000001B3, 0x9E3779B97F4A7C15
-
-
 @njit(cache=True, nogil=True)
 def _fingerprints(M, dm, start, src_dev, cons_dev, src_op, cons_op, kind, nbytes, channel, latency, bps):
     """A multiset fingerprint of each machine's transfers: two wrapping sums of a per-row hash (order-free), the
@@ -132,7 +130,7 @@ def _fingerprints(M, dm, start, src_dev, cons_dev, src_op, cons_op, kind, nbytes
     as_int = bits.view(np.uint64)
     for i in range(len(cons_op)):
         c = channel[i]
-        bits[0] = np.rint((latency[c] + nbytes[i] / bps[c]) * 1e12) + 0.0  # + 0.0: -0.0 and 0.0 hash alike
+        bits[0] = np.rint((latency[c] + nbytes[i] / bps[c]) * 1e12) + 0.0  # its duration; -0.0 hashes as 0.0
         bits[1] = np.rint(nbytes[i]) + 0.0
         for side in range(2):
             dev, other = (src_dev[i], cons_dev[i]) if side == 0 else (cons_dev[i], src_dev[i])
@@ -140,7 +138,7 @@ def _fingerprints(M, dm, start, src_dev, cons_dev, src_op, cons_op, kind, nbytes
             other_id = -1 - (other - start[other_m]) if other_m == m else other
             row = np.uint64(_OFFSET)
             for v in (np.uint64(side), np.uint64(dev - start[m]), np.uint64(other_id), np.uint64(src_op[i]),
-                      np.uint64(cons_op[i]), np.uint64(kind[i]), as_int[1], as_int[0]):
+                      np.uint64(cons_op[i]), np.uint64(kind[i]), as_int[1], as_int[0]):  # _mix's step, per row
                 row = (row ^ v) * np.uint64(_PRIME)
                 row ^= row >> np.uint64(29)
             h[m] += row
