@@ -261,16 +261,21 @@ def probes() -> dict:
                 outs.append(tf.reduce_sum(tf.random.uniform([4])))
         return outs, None
 
+    def all_reduce(values: list | None) -> list:
+        """One 2-task all-reduce of values[k] on task k (None: a fresh 4 KB tensor on each), a new instance."""
+        instance[0] += 1
+        out = []
+        for k, device in enumerate(devices):
+            with tf.device(device):
+                out.append(tf.raw_ops.CollectiveReduceV2(
+                    input=tf.random.uniform([1024]) if values is None else values[k], group_size=tf.constant(2),
+                    group_key=tf.constant(1), instance_key=tf.constant(instance[0]), ordering_token=[],
+                    merge_op="Add", final_op="Id"))
+        return out
+
     def allreduces(k: int):
         def build():
-            outs = []
-            for _ in range(k):
-                instance[0] += 1
-                for device in devices:
-                    with tf.device(device):
-                        outs.append(tf.raw_ops.CollectiveReduceV2(
-                            input=tf.random.uniform([1024]), group_size=tf.constant(2), group_key=tf.constant(1),
-                            instance_key=tf.constant(instance[0]), ordering_token=[], merge_op="Add", final_op="Id"))
+            outs = [value for _ in range(k) for value in all_reduce(None)]
             with tf.device(devices[0]):
                 return tf.group(*outs), None
         return build
@@ -294,17 +299,11 @@ def probes() -> dict:
                     for _ in range(300 if chains else 1):
                         x = tf.matmul(x, x)
                     outs.append(x)
-            values = [None] * len(devices)
+            values = None
             for _ in range(4 if allreduce else 0):
-                instance[0] += 1
-                for j, device in enumerate(devices):
-                    with tf.device(device):
-                        values[j] = tf.raw_ops.CollectiveReduceV2(
-                            input=tf.random.uniform([1024]) if values[j] is None else values[j],
-                            group_size=tf.constant(2), group_key=tf.constant(1), instance_key=tf.constant(instance[0]),
-                            ordering_token=[], merge_op="Add", final_op="Id")
+                values = all_reduce(values)
             with tf.device(devices[0]):
-                return tf.group(*outs, *[v for v in values if v is not None]), None
+                return tf.group(*outs, *(values or [])), None
         return build
 
     def fed_matmul():
