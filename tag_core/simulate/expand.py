@@ -191,9 +191,10 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     # A pattern's rows repeat for each of its edges, stamped by index (one edge per pattern is the rule for a
     # PS's pushes: millions of rows on thousands of GPUs, not copied; thousands of one-row patterns between
     # single devices are the rule for PS updates and model-parallel parts).
+    n_rows, n_edges = [len(r) for _, r in pieces], [len(e) for e, _ in pieces]
     edges = np.concatenate([e for e, _ in pieces])
-    per_edge = np.repeat([len(r) for _, r in pieces], [len(e) for e, _ in pieces])  # rows of each edge
-    first_row = np.repeat(np.cumsum([0] + [len(r) for _, r in pieces[:-1]]), [len(e) for e, _ in pieces])
+    per_edge = np.repeat(n_rows, n_edges)  # rows of each edge
+    first_row = np.repeat(np.cumsum([0] + n_rows[:-1]), n_edges)
     rows = np.concatenate([r for _, r in pieces])
     del pieces
     e_idx = np.repeat(edges, per_edge)
