@@ -287,8 +287,8 @@ def _pattern(ctx, src, dst, batch: bool, mode: int) -> np.ndarray:
         overlap = np.minimum(hi[i], s_hi[j]) - np.maximum(lo[i], s_lo[j])
         p, d = s_devs[j], d_devs[i]
         return _rows(p, d, overlap, GATHER if d_kind != SPLIT else P2P, (overlap > 1e-12) & (p != d))
-    # Parameter servers and model-parallel parts make hundreds of one-device placements: their pairs are
-    # the common case, and isin/unique cost more than the answer there.
+    # One-device sources and destinations (PS updates, model-parallel parts; one-device pairs never get here)
+    # are the common case, and isin/unique cost more than the answer there.
     if len(s_devs) == 1:
         need = d_devs != s_devs[0]
     elif len(d_devs) == 1:  # a group's devices are sorted

@@ -83,7 +83,7 @@ def _sizes(ops, table, scale, act_bytes, batch_scaled):
 
 @njit(cache=True, nogil=True)
 def _local_frees(free, freed_by, end, base, cidx, e_src, e_dst):
-    """An activation is freed no earlier than the end of each consumer on its slot (and by the last)."""
+    """An activation is freed no earlier than the end of each consumer on its slot; freed_by: the last one."""
     for sl in range(cidx.shape[0]):
         row, b = cidx[sl], base[sl]
         for e in range(len(e_src)):
