@@ -54,12 +54,18 @@ class Schedule:
 
 
 def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, machines: bool = True) -> Schedule:
-    """`machines`: collapse symmetric machines (slots.py); off for a timeline, which shows every transfer."""
+    """`machines`: collapse symmetric machines (slots.py); off for a timeline, which shows every transfer.
+    When the collapse drops transfers, `t` is used up (its fields are let go): the kept ones are in the
+    Schedule, and a PS on thousands of GPUs has ten times as many dropped as kept."""
     slots = make_slots(ctx, p, t, machines)
     weight = landing = np.ones(len(t.cons_op))
     if slots.keep is not None:
-        t = Transfers(*(getattr(t, f)[slots.keep] for f in ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes",
-                                                           "channel", "kind")))
+        fields = ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind")
+        kept = {}
+        for f in fields:
+            kept[f] = getattr(t, f)[slots.keep]
+            setattr(t, f, None)
+        t = Transfers(**kept)
         weight, landing = slots.weight, slots.landing
     S, n = len(slots.dev), ctx.n
     g_of = s.op_groups

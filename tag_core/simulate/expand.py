@@ -197,16 +197,19 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     first_row = np.repeat(np.cumsum([0] + n_rows[:-1]), n_edges)
     rows = np.concatenate([r for _, r in pieces])
     del pieces
+    # Each field is stamped straight into its final type, and the indices go as soon as they are used: the
+    # stamped arrays have one element per transfer (millions for a PS on thousands of GPUs).
+    src_rows, dst_rows, kind_rows = (rows[:, c].astype(np.int64) for c in (0, 1, 3))
     e_idx = np.repeat(edges, per_edge)
     row_idx = np.repeat(first_row - (np.cumsum(per_edge) - per_edge), per_edge)  # first row, less the edge's start
     row_idx += np.arange(len(e_idx))
-    src_dev, dst_dev, fraction, kind = (rows[row_idx, c] for c in range(4))
-    del rows, row_idx
-    return Transfers(
-        cons_op=ctx.e_dst[e_idx], cons_dev=dst_dev.astype(np.int64), src_op=ctx.e_src[e_idx],
-        src_dev=src_dev.astype(np.int64), nbytes=ctx.e_bytes[e_idx] * fraction,
-        channel=ctx.dev_channel[src_dev.astype(np.int64), dst_dev.astype(np.int64)], kind=kind.astype(np.int64),
-    ), colls
+    cons_op, src_op, nbytes = ctx.e_dst[e_idx], ctx.e_src[e_idx], ctx.e_bytes[e_idx]
+    del e_idx
+    nbytes *= rows[row_idx, 2]
+    src_dev, dst_dev, kind = src_rows[row_idx], dst_rows[row_idx], kind_rows[row_idx]
+    del row_idx
+    return Transfers(cons_op=cons_op, cons_dev=dst_dev, src_op=src_op, src_dev=src_dev, nbytes=nbytes,
+                     channel=ctx.dev_channel[src_dev, dst_dev], kind=kind), colls
 
 
 def _collective_shape(ctx, src, dst, batch: bool, mode: int):

@@ -204,7 +204,8 @@ class Simulator:
         moves, edge_colls = edge_transfers(self, p, s, reduced)
         transfers = concat_transfers([moves, ps_pulls(self, p, s)])  # uses `moves` up
         colls = concat_collectives([grad_colls, statistic_collectives(self, p, s), edge_colls])
-        sched = schedule(self, p, s, transfers, colls, machines=not timeline)
+        sched = schedule(self, p, s, transfers, colls, machines=not timeline)  # may use up `transfers`
+        del transfers
         return self._result(s, p, sched.transfers, colls, sched, timeline)
 
     def _result(self, s, p, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
