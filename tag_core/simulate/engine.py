@@ -26,7 +26,7 @@ from .comm_loop import chain_ends, run_items
 from .expand import transfer_durations
 from .slots import Slots, make_slots
 from .strategy import Strategy
-from .units import ALLREDUCE, KINDS, SINGLE, Collectives, Placement, Transfers
+from .units import ALLREDUCE, KINDS, SINGLE, TRANSFER_FIELDS, Collectives, Placement, Transfers
 
 
 @dataclass
@@ -60,9 +60,8 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     slots = make_slots(ctx, p, t, machines)
     weight = landing = np.ones(len(t.cons_op))
     if slots.keep is not None:
-        fields = ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind")
         kept = {}
-        for f in fields:
+        for f in TRANSFER_FIELDS:
             kept[f] = getattr(t, f)[slots.keep]
             setattr(t, f, None)
         t = Transfers(**kept)

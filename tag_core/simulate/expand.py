@@ -35,6 +35,7 @@ from .units import (
     REDUCED,
     SINGLE,
     SPLIT,
+    TRANSFER_FIELDS,
     Collectives,
     Placement,
     Transfers,
@@ -434,7 +435,7 @@ def concat_transfers(parts: list[Transfers]) -> Transfers:
     if len(parts) == 1:
         return parts[0]
     fields = {}
-    for f in ("cons_op", "cons_dev", "src_op", "src_dev", "nbytes", "channel", "kind"):
+    for f in TRANSFER_FIELDS:
         fields[f] = np.concatenate([getattr(t, f) for t in parts])
         for t in parts:
             setattr(t, f, None)

@@ -5,7 +5,7 @@ expand.py makes them from a Strategy, reshard.py folds big re-slicings into them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -36,6 +36,9 @@ class Transfers:
     nbytes: np.ndarray
     channel: np.ndarray
     kind: np.ndarray
+
+
+TRANSFER_FIELDS = tuple(f.name for f in fields(Transfers))
 
 
 @dataclass
