@@ -306,6 +306,23 @@ def probes() -> dict:
                 return tf.group(*outs, *(values or [])), None
         return build
 
+    def after_compute(allreduce: bool):
+        """Three 256 x 256 matmuls on each task, then 8 independent 4 KB all-reduces of slices of the result (or
+        the slices alone): do collectives that wait for compute cost what the independent ones above do?"""
+        def build():
+            slices, outs = [], []
+            for device in devices:
+                with tf.device(device):
+                    x = tf.random.uniform([256, 256])
+                    for _ in range(3):
+                        x = tf.matmul(x, x) * 0.001
+                    slices.append([tf.reshape(x[4 * i:4 * i + 4], [-1]) for i in range(8)])  # distinct: no CSE
+            for i in range(8):
+                outs += all_reduce([slices[0][i], slices[1][i]]) if allreduce else [slices[0][i], slices[1][i]]
+            with tf.device(devices[0]):
+                return tf.group(*outs), None
+        return build
+
     def fed_matmul():
         with tf.device(devices[0]):
             x = tf.compat.v1.placeholder(tf.float32, [128, 784])
@@ -334,6 +351,8 @@ def probes() -> dict:
         timed("300 chained 64 x 64 matmuls on each task", chains_and_allreduces(True, False))
         timed("4 chained 4 KB all-reduces over tasks 0 and 1", chains_and_allreduces(False, True))
         timed("both in one step, independent (overlap: the larger; none: the sum)", chains_and_allreduces(True, True))
+        timed("3 256 x 256 matmuls on each task, 8 slices of 4 KB", after_compute(False))
+        timed("the same, each slice all-reduced (8 independent all-reduces)", after_compute(True))
     return {"rows": rows, "runs": PROBE_RUNS}
 
 
