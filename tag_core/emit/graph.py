@@ -29,8 +29,8 @@ identical. Batch statistics (batch norm) are per replica; the moving averages th
 are the weighted mean over replicas.
 
 Collectives: one CollectiveReduceV2 per replica and summed tensor (one per bucket of gradients when
-the strategy fuses them, `fusion_bytes`), launched in one fixed order on every device. The moves
-between copies are in tag_core.emit.transfer.
+the strategy fuses them, `fusion_bytes`), launched on every device in one order: that in which their
+inputs are made. The moves between copies are in tag_core.emit.transfer.
 
 Variables: an op that takes a variable handle runs where a copy of the variable lives. A
 variable written by one replicated placement has a copy on each of its devices; one
@@ -96,6 +96,8 @@ class GraphBuilder(Transfers):
         self.reduced: dict[tuple, list[str]] = {}
         self.handle_copies: dict[str, dict[int, str]] = defaultdict(dict)
         self.collectives: list[Collective] = []
+        self.ready: dict[int, int] = {}  # instance key -> position in `order` of the op that makes its input last
+        self.position = {name: i for i, name in enumerate(self.order)}
         self.group_keys: dict[tuple[int, ...], int] = {}
         self.buckets = self._fusion_buckets(fusion_bytes) if fusion_bytes > 0 else {}
         self.instances = 0
@@ -151,10 +153,13 @@ class GraphBuilder(Transfers):
         return self.placed.placements[pids.pop()].batches
 
     def _order_collectives(self) -> None:
-        """Launch each device's collectives in one fixed order (creation order is topological):
-        NCCL deadlocks when devices start concurrent collectives in different orders."""
+        """Launch every device's collectives in one fixed order (NCCL deadlocks when devices start concurrent
+        collectives in different orders): the order their inputs are made. Creation order follows the update
+        ops, so the first layer's gradient, made last, would hold back every other one until the backward pass
+        ends (the simulator starts each as soon as its input is there); measured on two local CPU tasks, a
+        small_cnn dp-nccl step took 17-27% longer that way."""
         last: dict[str, str] = {}
-        for c in self.collectives:
+        for c in sorted(self.collectives, key=lambda c: (self.ready[c.instance_key], c.instance_key)):
             if c.device in last:
                 self.sink.by_name[c.node].input.append("^" + last[c.device])
             last[c.device] = c.node

@@ -122,14 +122,17 @@ class Transfers:
         if key not in self.reduced:
             values = [self.sink.scale(name, producer.weight(k), facts.dtype, self.devices[at]) if weighted else name
                       for name, at, k in own]
-            self.reduced[key] = self._collective(values, producer, facts.dtype, tensor_name(src, index))
+            self.reduced[key] = self._collective(values, producer, facts.dtype, tensor_name(src, index),
+                                                 self.position[src])
         return self.reduced[key]
 
-    def _collective(self, values: list[str], producer, dtype: str, label: str) -> list[str]:
-        """One CollectiveReduceV2 (a sum) per replica of `producer` over `values`, one per replica."""
+    def _collective(self, values: list[str], producer, dtype: str, label: str, ready: int) -> list[str]:
+        """One CollectiveReduceV2 (a sum) per replica of `producer` over `values`, one per replica; `ready`:
+        the position in `order` of the last op whose output goes into them (it sets the launch order)."""
         group = tuple(producer.devices)
         group_key = self.group_keys.setdefault(group, len(self.group_keys) + 1)
         self.instances += 1
+        self.ready[self.instances] = ready
         outs = []
         for value, at in zip(values, group):
             dev = self.devices[at]
@@ -144,7 +147,6 @@ class Transfers:
     def _fusion_buckets(self, fusion_bytes: int) -> dict[tuple[str, int], list[tuple[str, int]]]:
         """Dense gradients of each split placement, in the order they are produced, cut into buckets of
         about `fusion_bytes`: each bucket is then summed with one collective per replica."""
-        position = {name: i for i, name in enumerate(self.order)}
         candidates: dict[tuple[int, str], list[tuple[int, tuple[str, int], int]]] = defaultdict(list)
         for variable in self.step.variables:
             if not variable.gradient:
@@ -158,7 +160,7 @@ class Transfers:
                     or facts.shape != tuple(variable.shape)):
                 continue
             nbytes = int(np.prod(facts.shape, dtype=np.int64)) * np.dtype(facts.dtype).itemsize
-            candidates[(pid, facts.dtype)].append((position[src], (src, index), nbytes))
+            candidates[(pid, facts.dtype)].append((self.position[src], (src, index), nbytes))
         buckets: dict[tuple[str, int], list[tuple[str, int]]] = {}
         for members in candidates.values():
             current: list[tuple[str, int]] = []
@@ -185,7 +187,7 @@ class Transfers:
                      for src, index in bucket]
             flats.append(self.sink.concat(parts, 0, dtype, dev))
         label = f"{len(bucket)} gradients from {tensor_name(*bucket[0])}"
-        summed = self._collective(flats, producer, dtype, label)
+        summed = self._collective(flats, producer, dtype, label, max(self.position[src] for src, _ in bucket))
         per_replica = []
         for total, at in zip(summed, producer.devices):
             dev = self.devices[at]
