@@ -36,6 +36,7 @@ class Collective:
     group_key: int
     instance_key: int
     group: list[str]  # devices taking part
+    ready: int  # position in the step's order of the last op whose output goes into it: the launch order
 
 
 class Transfers:
@@ -128,17 +129,16 @@ class Transfers:
 
     def _collective(self, values: list[str], producer, dtype: str, label: str, ready: int) -> list[str]:
         """One CollectiveReduceV2 (a sum) per replica of `producer` over `values`, one per replica; `ready`:
-        the position in `order` of the last op whose output goes into them (it sets the launch order)."""
+        see `Collective.ready`."""
         group = tuple(producer.devices)
         group_key = self.group_keys.setdefault(group, len(self.group_keys) + 1)
         self.instances += 1
-        self.ready[self.instances] = ready
         outs = []
         for value, at in zip(values, group):
             dev = self.devices[at]
             node = self.sink.all_reduce(value, dtype, dev, len(group), group_key, self.instances)
             self.collectives.append(Collective(node, dev, label, group_key, self.instances,
-                                               [self.devices[d] for d in group]))
+                                               [self.devices[d] for d in group], ready))
             outs.append(node)
         return outs
 
