@@ -185,7 +185,9 @@ def calibration_lines(c: dict) -> list[str]:
     o = c["overheads"]
     lines = ["## The calibration's terms", "",
              f"Overheads: per op {o['per_op_s'] * 1e6:.2f} us, per step {o['per_step_s'] * 1e3:.3f} ms, per send/recv "
-             f"pair {o['per_transfer_s'] * 1e3:.3f} ms.", "", "| fit | latency ms | Gbit/s |", "|---|---|---|"]
+             f"pair {o['per_transfer_s'] * 1e3:.3f} ms; share of transfers the tasks' compute hides: "
+             f"{'not measured' if o.get('compute_overlap') is None else format(o['compute_overlap'], '.0%')}.",
+             "", "| fit | latency ms | Gbit/s |", "|---|---|---|"]
     for link, fit in c["links"].items():
         lines.append(f"| p2p {link} | {fit['latency_s'] * 1e3:.3f} | {fit['gbps']:.3g} |")
     for kind, by_link in c["collectives"].items():

@@ -421,3 +421,26 @@ def test_a_measured_feed_from_the_client_is_charged_for_the_whole_batch():
     extra = (Simulator(g, topo, profiles(g, V100), comm=measured).run(on_a).iteration_time_s
              - Simulator(g, topo, profiles(g, V100), comm=plain).run(on_a).iteration_time_s)
     assert extra == pytest.approx(1e-4 + 4 * BATCH * 256 / bytes_per_s(2.0))
+
+
+def test_communication_the_compute_cannot_hide_is_charged_to_its_endpoints():
+    import pandas as pd
+
+    from tag_core.simulate import CommModel
+
+    nbytes = 12_500_000  # 10 ms at 10 Gbit/s
+    g = OpGraph("join", 1, [Op("a", "Relu", nbytes, 0), Op("b", "Relu", 4, 0), Op("c", "AddN", 4, 0)],
+                [Edge(0, 2, nbytes, False, "a:0"), Edge(1, 2, 4, False, "b:0")], [])
+    topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), inter_gbps=10.0)
+    s = Strategy.uniform(3, 2, 2, "model_parallel", op_devices=np.array([0, 1, 1]))
+    x = transfer_time(nbytes, 10.0)
+    for b_us in (30_000.0, 5.0):  # machine m1 computes b while a's output crosses, or waits for it
+        times = {"a": 5.0, "b": b_us, "c": 5.0}
+        prof = pd.DataFrame([("join", op, V100, batch, 0, us) for op, us in times.items() for batch in (4, 8)],
+                            columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        hidden, unhidden = (Simulator(g, topo, prof, comm=CommModel(compute_overlap=share)).run(s).iteration_time_s
+                            for share in (1.0, 0.0))
+        a, b, c = (1e-6 * times[k] for k in "abc")
+        assert hidden == pytest.approx(max(a + x, b) + c)
+        # m1 receives on the core that computes b: c waits for both; a device that waits anyway loses nothing.
+        assert unhidden == pytest.approx(max(a + x, b + x) + c)

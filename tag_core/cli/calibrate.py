@@ -280,8 +280,9 @@ def print_fits(calibration) -> None:
         print(f"  {label:<34} {_ms(fit.latency_s):>10} {fit.gbps:>8.3g} {_ms(fit.residual_rms_s):>11} "
               f"{fit.residual_max_rel:>8.1%} {fit.samples:>7}")
     o = calibration.overheads
+    hidden = "not measured" if o.compute_overlap is None else f"{o.compute_overlap:.0%}"
     print(f"  overheads: per op {_ms(o.per_op_s)}, per step {_ms(o.per_step_s)}, per send/recv pair "
-          f"{_ms(o.per_transfer_s)}")
+          f"{_ms(o.per_transfer_s)}; transfers that compute hides: {hidden}")
     print(f"  {'measured (per transfer, collective, op or step)':<48} {'median':>10} {'min':>10} {'max':>10} runs")
     for row in medians(calibration):
         label = " ".join(str(x) for x in (row["kind"], row["link"]) if x)

@@ -13,6 +13,9 @@ the terms (the cost model). No TensorFlow here.
 - A `Calibration` holds a fit per link class (point-to-point), per collective kind, link and group
   size, the executor's fixed overheads, the samples, and what it was measured for (the topology
   snapshot's hash, the host, the code version). Its hash covers the terms and the topology hash.
+- Overlap samples time a compute chain on every task, a chain of transfers between them, and both in
+  one step: how much of the transfers the tasks' compute hides (`Overheads.compute_overlap`). GPUs move
+  data beside their kernels; a task that is one CPU core does its sends and receives on that core.
 
 JSON files: tag_core.cluster.calibration_json. DuckDB rows: `to_record` / `from_record` here, the
 SQL in tag_core.store.measurements.
@@ -27,7 +30,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from statistics import median
 
-KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv")
+OVERLAP_KINDS = ("overlap_compute", "overlap_comm", "overlap_both")  # compute, transfers, both at once
+KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv", *OVERLAP_KINDS)
 COLLECTIVES = ("allreduce", "ps", "broadcast")
 LINKS = ("intra", "inter", "client")  # client: the process that feeds task 0 each step
 SOURCES = ("local", "cluster", "import")
@@ -75,9 +79,15 @@ class Overheads:
     per_op_s: float  # the executor's cost of dispatching one cheap op
     per_step_s: float  # launching a step that touches every task (session.run of almost nothing)
     per_transfer_s: float  # one tiny cross-task send/recv pair
+    # Of a transfer's or collective's time, the share the tasks' compute hides (1: all of it, 0: none: the
+    # endpoints compute it as well). None: not measured, which applies as 1 (the uncalibrated model's).
+    compute_overlap: float | None = None
 
     def to_dict(self) -> dict:
-        return {"per_op_s": self.per_op_s, "per_step_s": self.per_step_s, "per_transfer_s": self.per_transfer_s}
+        terms = {"per_op_s": self.per_op_s, "per_step_s": self.per_step_s, "per_transfer_s": self.per_transfer_s}
+        if self.compute_overlap is not None:  # absent from calibrations made before it was measured
+            terms["compute_overlap"] = self.compute_overlap
+        return terms
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,20 @@ def _overhead(samples: list[Sample], kind: str, what: str) -> float:
     return value
 
 
+def compute_overlap(samples: list[Sample]) -> float | None:
+    """The share of the transfers' time that compute hid: (compute + transfers - both) / the shorter of the
+    two, from the medians, within [0, 1]. None without overlap samples."""
+    medians = {}
+    for kind in OVERLAP_KINDS:
+        values = [s.seconds for s in samples if s.kind == kind]
+        if not values:
+            return None
+        medians[kind] = median(values)
+    compute, comm, both = (medians[kind] for kind in OVERLAP_KINDS)
+    hidden = (compute + comm - both) / min(compute, comm)
+    return float(min(1.0, max(0.0, hidden)))
+
+
 def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str, source: str, host: str,
                     code_version: str) -> Calibration:
     """Every fit and overhead of a calibration from its samples (FitRefused when some cannot be made)."""
@@ -227,7 +251,8 @@ def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str,
         raise FitRefused("p2p: no point-to-point samples; a calibration needs at least one link class")
     overheads = Overheads(per_op_s=_overhead(samples, "op", "the per-op cost"),
                           per_step_s=_overhead(samples, "step", "the per-step cost"),
-                          per_transfer_s=_overhead(samples, "sendrecv", "the per-transfer cost"))
+                          per_transfer_s=_overhead(samples, "sendrecv", "the per-transfer cost"),
+                          compute_overlap=compute_overlap(samples))
     return Calibration(topology=topology, topology_hash=topology_hash, source=source, host=host,
                        code_version=code_version, links=links, collectives=collectives, overheads=overheads,
                        samples=tuple(samples))

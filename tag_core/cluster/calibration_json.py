@@ -7,7 +7,7 @@ The file (format "tag-calibration", version 1):
      "source", "host", "code_version",
      "links": {"inter": FIT, "intra": FIT, "client": FIT},   (each optional; at least one)
      "collectives": {"allreduce" | "ps" | "broadcast": {"inter" | "intra": {"<group size>": FIT}}},
-     "overheads": {"per_op_s", "per_step_s", "per_transfer_s"},
+     "overheads": {"per_op_s", "per_step_s", "per_transfer_s", "compute_overlap" (optional, 0 to 1)},
      "samples": [{"kind", "link", "group_size", "bytes", "run", "seconds"}, ...]}
 
     FIT = {"latency_s", "gbps", "residual_rms_s", "residual_max_rel", "samples"}
@@ -113,8 +113,16 @@ def parse_terms(terms: Any, where: str) -> tuple[dict[str, Fit], dict[str, dict[
                         "a group size must be an integer of at least 2, written without sign or leading zeros")
                 collectives.setdefault(kind, {}).setdefault(link, {})[int(size)] = _fit(fit, size_path)
     overheads_path = field_path(where, "overheads")
-    raw = json_object(terms["overheads"], overheads_path, ("per_op_s", "per_step_s", "per_transfer_s"))
-    overheads = Overheads(**{key: _seconds(raw[key], field_path(overheads_path, key)) for key in raw})
+    raw = json_object(terms["overheads"], overheads_path, ("per_op_s", "per_step_s", "per_transfer_s"),
+                      ("compute_overlap",))
+    overlap = raw.get("compute_overlap")
+    if overlap is not None:
+        where = field_path(overheads_path, "compute_overlap")
+        require(_is_number(overlap) and 0 <= overlap <= 1, where,
+                f"must be a number from 0 to 1, got {describe(overlap)}")
+    overheads = Overheads(**{key: _seconds(raw[key], field_path(overheads_path, key)) for key in raw
+                             if key != "compute_overlap"},
+                          compute_overlap=None if overlap is None else float(overlap))
     return links, collectives, overheads
 
 

@@ -65,31 +65,50 @@ def wait_for_tasks(session, tasks: int, wait_s: float) -> list[list[str]]:
 ATTEMPTS = 3  # a series whose payload a burst of load hid is measured again, this many times in all
 
 
-def time_series(series: Series, settings: CalibrationSettings, timed: Callable) -> list[Sample]:
-    """Warm-up runs, then target and base runs interleaved; each sample is (target - base) / the payloads
-    chained in the target. The base is the fastest base run: interference only ever adds time, and the
-    base's own jitter is divided by the chain like the rest."""
-    target_feed = series.feed_dict()
+def time_series(bundle: list[Series], settings: CalibrationSettings, timed: Callable) -> list[list[Sample]]:
+    """Warm-up runs, then target and base runs interleaved, the bundle's series turn about; each sample is
+    (target - base) / the payloads chained in the target. The base is the fastest base run: interference
+    only ever adds time, and the base's own jitter is divided by the chain like the rest."""
+    feeds = [series.feed_dict() for series in bundle]
     for attempt in range(ATTEMPTS):
-        for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
-            timed(series.target, series.label, target_feed)
-            if series.base is not None:
-                timed(series.base, series.label)
-        base_times, target_times = [], []
+        for series, feed in zip(bundle, feeds):
+            for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
+                timed(series.target, series.label, feed)
+                if series.base is not None:
+                    timed(series.base, series.label)
+        base_times: list[list[float]] = [[] for _ in bundle]
+        target_times: list[list[float]] = [[] for _ in bundle]
         for _ in range(settings.repeats):
-            if series.base is not None:
-                base_times.append(timed(series.base, series.label))
-            target_times.append(timed(series.target, series.label, target_feed))
-        base = min(base_times) if base_times else 0.0
-        values = [(seconds - base) / series.per_step for seconds in target_times]
-        if all(math.isfinite(v) and v > 0 for v in values):
-            return [Sample(series.kind, series.link, series.group_size, series.bytes, run, value)
-                    for run, value in enumerate(values)]
-        report("retry", label=series.label, attempt=attempt + 1)
-    fastest = min(target_times)
+            for i, (series, feed) in enumerate(zip(bundle, feeds)):
+                if series.base is not None:
+                    base_times[i].append(timed(series.base, series.label))
+                target_times[i].append(timed(series.target, series.label, feed))
+        rows = []
+        for series, bases, targets in zip(bundle, base_times, target_times):
+            base = min(bases) if bases else 0.0
+            values = [(seconds - base) / series.per_step for seconds in targets]
+            if not all(math.isfinite(v) and v > 0 for v in values):
+                report("retry", label=series.label, attempt=attempt + 1)
+                break
+            rows.append([Sample(series.kind, series.link, series.group_size, series.bytes, run, value)
+                         for run, value in enumerate(values)])
+        else:
+            return rows
+    fastest = min(targets)
     raise CalibrationError(f"{series.label}: in {ATTEMPTS} attempts, a run took {fastest * 1e3:.3f} ms, no longer "
                            f"than the same step without its payload ({base * 1e3:.3f} ms); the noise hides it: use "
                            "more --repeats or larger --sizes, on a quieter machine")
+
+
+def bundles(series: list[Series]) -> list[list[Series]]:
+    """The series in order, those of one `together` number in one bundle."""
+    out: list[list[Series]] = []
+    for item in series:
+        if out and item.together is not None and out[-1][0].together == item.together:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
 
 
 def headline(message: str) -> str:
@@ -120,9 +139,12 @@ def run(target: str, tasks: int, settings: CalibrationSettings, wait_s: float) -
         report("devices", tasks=devices)
         build_series(graph, devices, settings)
         timed(graph.init, "initialising the payloads")
-        for index, series in enumerate(graph.series):
-            report("series", index=index, total=len(graph.series), label=series.label)
-            report("samples", rows=[asdict(s) for s in time_series(series, settings, timed)])
+        done = 0
+        for bundle in bundles(graph.series):
+            report("series", index=done, total=len(graph.series), label=" + ".join(s.label for s in bundle))
+            for samples in time_series(bundle, settings, timed):
+                report("samples", rows=[asdict(s) for s in samples])
+            done += len(bundle)
     except CalibrationError as exc:
         report("error", message=str(exc))
         return 1

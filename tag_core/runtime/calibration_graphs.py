@@ -12,6 +12,8 @@ What is chained is what the emitter emits (tag_core.emit):
                    (push) and the first sums them with AddN
     broadcast      the first member's tensor read on every other member (a "duplicate" input)
     op             a chain of scalar Adds on one device (the executor's per-op cost)
+    overlap_*      a matmul chain on each device of a pair (compute), a tensor hopping between them (comm),
+                   and both in one step: how much of the hops the compute hides
     feed           a tensor the client feeds to task 0 each step, as it feeds the batch (link "client";
                    not chained: a step is fed once; sizes from 64 KB, where a feed stands out of the noise)
     step           one tiny op per task, raw step times (no base)
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 
 CHAIN_BYTES = 32 * 2**20  # payloads up to this many bytes in all are chained in one step
 MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around them
+OVERLAP_MATMULS, OVERLAP_SIDE = 300, 64  # the overlap series' compute: 300 chained 64 x 64 matmuls per device
+OVERLAP_HOPS, OVERLAP_BYTES = 32, 4096  # ... and its transfers: a 4 KB tensor hopping 32 times
 FEED_MIN_BYTES = 64 * 2**10
 
 
@@ -43,6 +47,7 @@ class Series:
     per_step: int  # payloads chained in one run of target
     devices: tuple[str, ...]
     feed: Any | None = None  # the placeholder the client feeds `bytes` to in the target
+    together: int | None = None  # series of one number are timed turn about, so that load hits them alike
 
     def feed_dict(self) -> dict | None:
         """The target's feed, made once so that making it is not timed."""
@@ -118,11 +123,11 @@ class CalibrationGraph:
         return self._done(ticks, devices)
 
     def _add(self, kind: str, link: str | None, devices: tuple[str, ...], nbytes: int | None, final: list,
-             per_step: int, base: bool = True) -> None:
+             per_step: int, base: bool = True, together: int | None = None) -> None:
         with self.graph.as_default():
             target = self._done(final, devices)
             self.series.append(Series(kind, link, len(devices) if kind != "op" else None, nbytes, target,
-                                      self._base(devices) if base else None, per_step, devices))
+                                      self._base(devices) if base else None, per_step, devices, together=together))
 
     # ---- the series -------------------------------------------------------------
 
@@ -193,6 +198,35 @@ class CalibrationGraph:
                     x = tf.raw_ops.AddV2(x=x, y=x)  # no constants: each op of the chain is one dispatch
         self._add("op", None, (device,), None, [x], length)
 
+    def overlap(self, a: str, b: str, link: str) -> None:
+        """Three series on the pair: compute on both, hops between them, and the two at once (independent)."""
+        tf = self.tf
+
+        def compute() -> list:
+            ends = []
+            for device in (a, b):
+                value = self._read(device, OVERLAP_SIDE * OVERLAP_SIDE * 4)
+                with tf.device(device):
+                    x = tf.reshape(value, [OVERLAP_SIDE, OVERLAP_SIDE])
+                    for _ in range(OVERLAP_MATMULS):
+                        x = tf.linalg.matmul(x, x)
+                ends.append(x)
+            return ends
+
+        def hops() -> list:
+            x = self._read(a, OVERLAP_BYTES)
+            for hop in range(OVERLAP_HOPS):
+                with tf.device(b if hop % 2 == 0 else a):
+                    x = tf.raw_ops.Identity(input=x)
+            return [x]
+
+        together = len(self.series)  # compared with each other: measured turn about
+        for kind, build in (("overlap_compute", compute), ("overlap_comm", hops),
+                            ("overlap_both", lambda: compute() + hops())):
+            with self.graph.as_default():
+                final = build()
+            self._add(kind, link, (a, b), None, final, 1, together=together)
+
     def feed(self, device: str, nbytes: int) -> None:
         tf = self.tf
         with self.graph.as_default():
@@ -232,6 +266,7 @@ def build_series(graph: CalibrationGraph, tasks: list[list[str]], settings: Cali
         graph.feed(inter[0], nbytes)
     for link, a, b in pairs:
         graph.p2p(a, b, link, 4, hops=settings.transfer_hops, kind="sendrecv")
+        graph.overlap(a, b, link)
         for nbytes in settings.sizes:
             graph.p2p(a, b, link, nbytes)
     for link, members in groups:

@@ -47,6 +47,7 @@ class CommModel:
     calibration_hash: str | None = None
     client_feeds: bool = False  # charge the batch the client feeds through task 0 (simulate/feeds.py)
     feed_fit: Fit | None = None  # the client's feed to task 0, when the calibration measured it
+    compute_overlap: float = 1.0  # share of communication that compute hides (simulate/comm_cpu.py)
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CommModel:
@@ -62,7 +63,9 @@ class CommModel:
                    step_s_by_tasks={tasks: float(np.median(times)) for tasks, times in steps.items()},
                    link_gbps={link: fit.gbps for link, fit in calibration.links.items()}, fits=fits,
                    calibration_hash=calibration.calibration_hash, client_feeds=True,
-                   feed_fit=calibration.links.get("client"))
+                   feed_fit=calibration.links.get("client"),
+                   compute_overlap=1.0 if calibration.overheads.compute_overlap is None
+                   else calibration.overheads.compute_overlap)
 
     @property
     def calibrated(self) -> bool:

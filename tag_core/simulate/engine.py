@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .chains import Chains, build_chains
+from .comm_cpu import charge_endpoints
 from .comm_loop import chain_ends, run_items
 from .expand import transfer_durations
 from .slots import Slots, make_slots
@@ -58,14 +59,14 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     When the collapse drops transfers, `t` is used up (its fields are let go): the kept ones are in the
     Schedule, and a PS on thousands of GPUs has ten times as many dropped as kept."""
     slots = make_slots(ctx, p, t, machines)
-    weight = landing = np.ones(len(t.cons_op))
+    weight = landing = sending = np.ones(len(t.cons_op))
     if slots.keep is not None:
         kept = {}
         for f in TRANSFER_FIELDS:
             kept[f] = getattr(t, f)[slots.keep]
             setattr(t, f, None)
         t = Transfers(**kept)
-        weight, landing = slots.weight, slots.landing
+        weight, landing, sending = slots.weight, slots.landing, slots.sending
     S, n = len(slots.dev), ctx.n
     g_of = s.op_groups
     on = np.ascontiguousarray(p.group_active[:, slots.dev].T)[:, g_of] & (p.kind != SINGLE)[None, :]  # (slots, ops), row-major
@@ -117,6 +118,11 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         refs += [np.arange(U), np.arange(len(d_pos))]
     pos_all, rank_all = np.concatenate(keys_pos), np.concatenate(keys_rank)
     item_order = np.lexsort((rank_all, pos_all))
+
+    unhidden = 1.0 - ctx.comm.compute_overlap
+    if unhidden > 0:
+        charge_endpoints(ch, unhidden, tr_dur, src_slot, src_k, cons_slot, cons_k, sending, landing, d_slot, d_k,
+                         colls.duration[d_unit] if U else np.zeros(0))
 
     # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels).
     t_chan, coll_chans = _compact_channels(t.channel, colls.channels)

@@ -32,6 +32,7 @@ class Slots:
     keep: np.ndarray | None = None  # transfers the engine simulates (None: all)
     weight: np.ndarray | None = None  # per kept transfer: how many real transfers it stands for
     landing: np.ndarray | None = None  # per kept transfer: how many of those land on its consumer's device
+    sending: np.ndarray | None = None  # ... and how many of those leave its source's device
 
 
 def make_slots(ctx, p, t: Transfers, machines: bool = True) -> Slots:
@@ -42,9 +43,9 @@ def make_slots(ctx, p, t: Transfers, machines: bool = True) -> Slots:
     touched[p.single_dev[p.single_dev >= 0]] = True
     if not getattr(ctx, "collapse", True):
         touched[:] = True
-    eff, keep, weight, landing = np.arange(D), None, None, None
+    eff, kept = np.arange(D), (None, None, None, None)
     if machines and getattr(ctx, "collapse", True) and len(t.cons_op) and getattr(ctx, "machine_class", None) is not None:
-        eff, keep, weight, landing = _machine_collapse(ctx, p, t, touched)
+        eff, kept = _machine_collapse(ctx, p, t, touched)
     # Key per device: its own (or its representative's) index when touched, else (GPU type, share in every
     # group); slots are numbered by first device, vectorised (a Python loop over 8192 devices costs more).
     share = np.where(touched[None, :], 0.0, np.round(p.group_share, 12))
@@ -55,12 +56,12 @@ def make_slots(ctx, p, t: Transfers, machines: bool = True) -> Slots:
     rank[order] = np.arange(len(first))
     of_dev = rank[inverse.reshape(-1)]
     reps = first[order].astype(np.int64)
-    return Slots(reps, of_dev, np.bincount(of_dev, minlength=len(reps)), keep, weight, landing)
+    return Slots(reps, of_dev, np.bincount(of_dev, minlength=len(reps)), *kept)
 
 
 def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
-    """(representative device per device, transfers kept, their weights, landing counts); see the module
-    docstring."""
+    """(representative device per device, (transfers kept, their weights, landing and sending counts)); see
+    the module docstring."""
     dm, M = ctx.dev_machine, ctx.topology.num_machines
     anchor = np.zeros(M, dtype=bool)
     anchor[dm[p.single_dev[p.single_dev >= 0]]] = True
@@ -95,9 +96,8 @@ def _machine_collapse(ctx, p, t: Transfers, touched: np.ndarray):
         rep_of[free] = rep
         eff[devs] = (start[rep][:, None] + np.arange(count)[None, :])
     if (rep_of == np.arange(M)).all():
-        return eff, None, None, None
-    keep, weight, landing = _kept(dm, t.src_dev, t.cons_dev, rep_of, anchor, np.bincount(rep_of, minlength=M))
-    return eff, keep, weight, landing
+        return eff, (None, None, None, None)
+    return eff, _kept(dm, t.src_dev, t.cons_dev, rep_of, anchor, np.bincount(rep_of, minlength=M))
 
 
 def _mix(*cols) -> np.ndarray:
@@ -164,16 +164,18 @@ def _loose_pairs(dm, src_dev, cons_dev, anchor):
 @njit(cache=True, nogil=True)
 def _kept(dm, src_dev, cons_dev, rep_of, anchor, represented):
     """The transfers between representative machines; the real transfers each stands for (the dropped
-    machines on its non-anchor side) and how many of those land on its consumer's device (an anchor's device
-    receives the dropped machines' transfers too: their buffers count in its memory)."""
+    machines on its non-anchor side), how many of those land on its consumer's device (an anchor's device
+    receives the dropped machines' transfers too: their buffers count in its memory) and how many leave its
+    source's device (an anchor sends to every dropped machine)."""
     keep = np.zeros(len(src_dev), dtype=np.bool_)
     for i in range(len(src_dev)):
         a, b = dm[src_dev[i]], dm[cons_dev[i]]
         keep[i] = rep_of[a] == a and rep_of[b] == b
     rows = np.flatnonzero(keep)
-    weight, landing = np.empty(len(rows)), np.empty(len(rows))
+    weight, landing, sending = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
     for k in range(len(rows)):
         a, b = dm[src_dev[rows[k]]], dm[cons_dev[rows[k]]]
         weight[k] = represented[b] if anchor[a] else represented[a]
         landing[k] = represented[a] if anchor[b] else 1
-    return keep, weight, landing
+        sending[k] = represented[b] if anchor[a] else 1
+    return keep, weight, landing, sending
