@@ -63,6 +63,7 @@ def wait_for_tasks(session, tasks: int, wait_s: float) -> list[list[str]]:
 
 
 ATTEMPTS = 3  # a series whose payload a burst of load hid is measured again, this many times in all
+TOGETHER_RUNS = 3  # series timed turn about are compared by small differences: this many times the repeats
 
 
 def time_series(bundle: list[Series], settings: CalibrationSettings, timed: Callable) -> list[list[Sample]]:
@@ -78,7 +79,7 @@ def time_series(bundle: list[Series], settings: CalibrationSettings, timed: Call
                     timed(series.base, series.label)
         base_times: list[list[float]] = [[] for _ in bundle]
         target_times: list[list[float]] = [[] for _ in bundle]
-        for _ in range(settings.repeats):
+        for _ in range(settings.repeats * (TOGETHER_RUNS if len(bundle) > 1 else 1)):
             for i, (series, feed) in enumerate(zip(bundle, feeds)):
                 if series.base is not None:
                     base_times[i].append(timed(series.base, series.label))

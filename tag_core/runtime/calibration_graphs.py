@@ -12,8 +12,8 @@ What is chained is what the emitter emits (tag_core.emit):
                    (push) and the first sums them with AddN
     broadcast      the first member's tensor read on every other member (a "duplicate" input)
     op             a chain of scalar Adds on one device (the executor's per-op cost)
-    overlap_*      a matmul chain on each device of a pair (compute), a tensor hopping between them (comm),
-                   and both in one step: how much of the hops the compute hides
+    overlap_*      a matmul chain on each device of a pair (compute), a 1 MB tensor hopping between them
+                   (comm), and both in one step: how much of moving the bytes the compute hides
     feed           a tensor the client feeds to task 0 each step, as it feeds the batch (link "client";
                    not chained: a step is fed once; sizes from 64 KB, where a feed stands out of the noise)
     step           one tiny op per task, raw step times (no base)
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 CHAIN_BYTES = 32 * 2**20  # payloads up to this many bytes in all are chained in one step
 MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around them
-OVERLAP_MATMULS, OVERLAP_SIDE = 300, 64  # the overlap series' compute: 300 chained 64 x 64 matmuls per device
-OVERLAP_HOPS, OVERLAP_BYTES = 32, 4096  # ... and its transfers: a 4 KB tensor hopping 32 times
+OVERLAP_MATMULS, OVERLAP_SIDE = 600, 64  # the overlap series' compute: 600 chained 64 x 64 matmuls per device
+OVERLAP_HOPS, OVERLAP_BYTES = 8, 2**20  # ... and its transfers: 1 MB hopping 8 times (bytes, not latency)
 FEED_MIN_BYTES = 64 * 2**10
 
 

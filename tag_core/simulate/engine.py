@@ -121,7 +121,8 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
 
     unhidden = 1.0 - ctx.comm.compute_overlap
     if unhidden > 0:
-        charge_endpoints(ch, unhidden, tr_dur, src_slot, src_k, cons_slot, cons_k, sending, landing, d_slot, d_k,
+        moving = t.nbytes / ctx.channel_bps[t.channel]  # a transfer's latency is waiting, its bytes are work
+        charge_endpoints(ch, unhidden, moving, src_slot, src_k, cons_slot, cons_k, sending, landing, d_slot, d_k,
                          colls.duration[d_unit] if U else np.zeros(0))
 
     # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels).
