@@ -493,7 +493,7 @@ def test_a_measurement_whose_servers_die_is_stopped_and_leaves_nothing_behind():
     from tag_core.runtime.local_cluster import local_cluster
 
     def kill_servers(event: dict) -> None:
-        if event["event"] == "samples":  # mid-measurement: the next step waits for servers that are gone
+        if event["event"] == "round" and event["index"] == 1:  # mid-measurement: the next step waits for gone servers
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
 

@@ -87,7 +87,7 @@ def measure(target_args: list[str], tasks: int, settings: CalibrationSettings, p
     samples: list[Sample] = []
     label, allowed = "starting the measuring session", startup_s + grace_s
     deadline = time.monotonic() + allowed
-    bar = tqdm(desc="calibrate", unit="series", file=sys.stderr, disable=not progress, leave=False)
+    bar = tqdm(desc="calibrate", unit="round", file=sys.stderr, disable=not progress, leave=False)
     try:
         while True:
             try:
@@ -108,13 +108,16 @@ def measure(target_args: list[str], tasks: int, settings: CalibrationSettings, p
                 label, allowed = event["label"], settings.step_timeout_s + grace_s
                 deadline = time.monotonic() + allowed
             elif kind == "series":
+                bar.set_postfix_str(f"warming up {event['total']} series")
+            elif kind == "round":
                 bar.total = event["total"]
-                bar.set_postfix_str(event["label"])
+                bar.n = event["index"]
+                bar.set_postfix_str("every series once")
+                bar.refresh()
             elif kind == "retry":
                 bar.set_postfix_str(f"{event['label']} (again: load hid it)")
             elif kind == "samples":
                 samples += [Sample(**row) for row in event["rows"]]
-                bar.update()
             elif kind == "error":
                 raise CalibrationError(event["message"])
             elif kind == "done":

@@ -5,9 +5,10 @@ ends (a collective waiting for a peer, an RPC that gRPC keeps retrying after a s
 the process. It reports one JSON object per line on stdout:
 
     {"event": "devices", "tasks": [[device, ...], ...]}    the devices of every task, once all answer
-    {"event": "series", "index", "total", "label"}         a series starts
+    {"event": "series", "total"}                           the series are built; their warm-up starts
+    {"event": "round", "index", "total"}                   a round of timing every series starts
     {"event": "step", "label"}                             a step is about to run (the parent's deadline)
-    {"event": "samples", "rows": [Sample fields, ...]}     a series' samples
+    {"event": "samples", "rows": [Sample fields, ...]}     a series' samples (after the last round)
     {"event": "retry", "label", "attempt"}                 a series measured again (load hid its payload)
     {"event": "error", "message"} | {"event": "done"}
 """
@@ -63,53 +64,60 @@ def wait_for_tasks(session, tasks: int, wait_s: float) -> list[list[str]]:
 
 
 ATTEMPTS = 3  # a series whose payload a burst of load hid is measured again, this many times in all
-TOGETHER_RUNS = 3  # series timed turn about are compared by small differences: this many times the repeats
 
 
-def time_series(bundle: list[Series], settings: CalibrationSettings, timed: Callable) -> list[list[Sample]]:
-    """Warm-up runs, then target and base runs interleaved, the bundle's series turn about; each sample is
-    (target - base) / the payloads chained in the target. The base is the fastest base run: interference
-    only ever adds time, and the base's own jitter is divided by the chain like the rest."""
-    feeds = [series.feed_dict() for series in bundle]
-    for attempt in range(ATTEMPTS):
-        for series, feed in zip(bundle, feeds):
-            for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
-                timed(series.target, series.label, feed)
-                if series.base is not None:
-                    timed(series.base, series.label)
-        base_times: list[list[float]] = [[] for _ in bundle]
-        target_times: list[list[float]] = [[] for _ in bundle]
-        for _ in range(settings.repeats * (TOGETHER_RUNS if len(bundle) > 1 else 1)):
-            for i, (series, feed) in enumerate(zip(bundle, feeds)):
-                if series.base is not None:
-                    base_times[i].append(timed(series.base, series.label))
-                target_times[i].append(timed(series.target, series.label, feed))
-        rows = []
-        for series, bases, targets in zip(bundle, base_times, target_times):
-            base = min(bases) if bases else 0.0
-            values = [(seconds - base) / series.per_step for seconds in targets]
-            if not all(math.isfinite(v) and v > 0 for v in values):
-                report("retry", label=series.label, attempt=attempt + 1)
-                break
-            rows.append([Sample(series.kind, series.link, series.group_size, series.bytes, run, value)
-                         for run, value in enumerate(values)])
-        else:
-            return rows
-    fastest = min(targets)
-    raise CalibrationError(f"{series.label}: in {ATTEMPTS} attempts, a run took {fastest * 1e3:.3f} ms, no longer "
-                           f"than the same step without its payload ({base * 1e3:.3f} ms); the noise hides it: use "
-                           "more --repeats or larger --sizes, on a quieter machine")
+def time_series(series: list[Series], settings: CalibrationSettings, timed: Callable) -> list[list[Sample]]:
+    """The samples of every series: warm-up runs of each, then rounds, each timing every series' base and
+    target once (`runs` times for the overlap series) after one untimed run, so that a spell of load on this
+    shared machine hits every term alike instead of the few measured during it. A sample is (target - base) / the payloads
+    chained in the target. The base is the series' fastest base run: interference only ever adds time, and
+    the base's own jitter is divided by the chain like the rest. A series that the noise hid (a run no
+    longer than its base) is measured again on its own."""
+    feeds = [item.feed_dict() for item in series]
+    for item, feed in zip(series, feeds):
+        for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task
+            timed(item.target, item.label, feed)
+            if item.base is not None:
+                timed(item.base, item.label)
+    times = [([], []) for _ in series]
+    for index in range(settings.repeats):
+        report("round", index=index, total=settings.repeats)
+        for item, feed, (bases, targets) in zip(series, feeds, times):
+            timed(item.target, item.label, feed)  # untimed: a step right after another series' runs cold
+            _time(item, feed, timed, bases, targets)
+    return [_samples(item, *measured) or _again(item, feed, settings, timed)
+            for item, feed, measured in zip(series, feeds, times)]
 
 
-def bundles(series: list[Series]) -> list[list[Series]]:
-    """The series in order, those of one `together` number in one bundle."""
-    out: list[list[Series]] = []
-    for item in series:
-        if out and item.together is not None and out[-1][0].together == item.together:
-            out[-1].append(item)
-        else:
-            out.append([item])
-    return out
+def _time(item: Series, feed: dict | None, timed: Callable, bases: list[float], targets: list[float]) -> None:
+    for _ in range(item.runs):
+        if item.base is not None:
+            bases.append(timed(item.base, item.label))
+        targets.append(timed(item.target, item.label, feed))
+
+
+def _samples(item: Series, bases: list[float], targets: list[float]) -> list[Sample] | None:
+    base = min(bases) if bases else 0.0
+    values = [(seconds - base) / item.per_step for seconds in targets]
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        return None
+    return [Sample(item.kind, item.link, item.group_size, item.bytes, run, value) for run, value in enumerate(values)]
+
+
+def _again(item: Series, feed: dict | None, settings: CalibrationSettings, timed: Callable) -> list[Sample]:
+    for attempt in range(1, ATTEMPTS):
+        report("retry", label=item.label, attempt=attempt)
+        bases: list[float] = []
+        targets: list[float] = []
+        for _ in range(settings.repeats):
+            _time(item, feed, timed, bases, targets)
+        samples = _samples(item, bases, targets)
+        if samples:
+            return samples
+    base = min(bases) if bases else 0.0
+    raise CalibrationError(f"{item.label}: in {ATTEMPTS} attempts, a run took {min(targets) * 1e3:.3f} ms, no "
+                           f"longer than the same step without its payload ({base * 1e3:.3f} ms); the noise hides "
+                           "it: use more --repeats or larger --sizes, on a quieter machine")
 
 
 def headline(message: str) -> str:
@@ -140,12 +148,9 @@ def run(target: str, tasks: int, settings: CalibrationSettings, wait_s: float) -
         report("devices", tasks=devices)
         build_series(graph, devices, settings)
         timed(graph.init, "initialising the payloads")
-        done = 0
-        for bundle in bundles(graph.series):
-            report("series", index=done, total=len(graph.series), label=" + ".join(s.label for s in bundle))
-            for samples in time_series(bundle, settings, timed):
-                report("samples", rows=[asdict(s) for s in samples])
-            done += len(bundle)
+        report("series", total=len(graph.series))
+        for samples in time_series(graph.series, settings, timed):
+            report("samples", rows=[asdict(s) for s in samples])
     except CalibrationError as exc:
         report("error", message=str(exc))
         return 1

@@ -33,6 +33,7 @@ CHAIN_BYTES = 32 * 2**20  # payloads up to this many bytes in all are chained in
 MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around them
 OVERLAP_MATMULS, OVERLAP_SIDE = 600, 64  # the overlap series' compute: 600 chained 64 x 64 matmuls per device
 OVERLAP_HOPS, OVERLAP_BYTES = 8, 2**20  # ... and its transfers: 1 MB hopping 8 times (bytes, not latency)
+OVERLAP_RUNS = 3  # their share is a small difference of three times: more runs
 FEED_MIN_BYTES = 64 * 2**10
 
 
@@ -47,7 +48,7 @@ class Series:
     per_step: int  # payloads chained in one run of target
     devices: tuple[str, ...]
     feed: Any | None = None  # the placeholder the client feeds `bytes` to in the target
-    together: int | None = None  # series of one number are timed turn about, so that load hits them alike
+    runs: int = 1  # timed runs per round: the overlap series are compared by small differences
 
     def feed_dict(self) -> dict | None:
         """The target's feed, made once so that making it is not timed."""
@@ -123,11 +124,11 @@ class CalibrationGraph:
         return self._done(ticks, devices)
 
     def _add(self, kind: str, link: str | None, devices: tuple[str, ...], nbytes: int | None, final: list,
-             per_step: int, base: bool = True, together: int | None = None) -> None:
+             per_step: int, base: bool = True, runs: int = 1) -> None:
         with self.graph.as_default():
             target = self._done(final, devices)
             self.series.append(Series(kind, link, len(devices) if kind != "op" else None, nbytes, target,
-                                      self._base(devices) if base else None, per_step, devices, together=together))
+                                      self._base(devices) if base else None, per_step, devices, runs=runs))
 
     # ---- the series -------------------------------------------------------------
 
@@ -220,12 +221,11 @@ class CalibrationGraph:
                     x = tf.raw_ops.Identity(input=x)
             return [x]
 
-        together = len(self.series)  # compared with each other: measured turn about
         for kind, build in (("overlap_compute", compute), ("overlap_comm", hops),
                             ("overlap_both", lambda: compute() + hops())):
             with self.graph.as_default():
                 final = build()
-            self._add(kind, link, (a, b), None, final, 1, together=together)
+            self._add(kind, link, (a, b), None, final, 1, runs=OVERLAP_RUNS)
 
     def feed(self, device: str, nbytes: int) -> None:
         tf = self.tf
