@@ -68,11 +68,11 @@ ATTEMPTS = 3  # a series whose payload a burst of load hid is measured again, th
 
 def time_series(series: list[Series], settings: CalibrationSettings, timed: Callable) -> list[list[Sample]]:
     """The samples of every series: warm-up runs of each, then rounds, each timing every series' base and
-    target once (`runs` times for the overlap series) after one untimed run, so that a spell of load on this
-    shared machine hits every term alike instead of the few measured during it. A sample is (target - base) / the payloads
-    chained in the target. The base is the series' fastest base run: interference only ever adds time, and
-    the base's own jitter is divided by the chain like the rest. A series that the noise hid (a run no
-    longer than its base) is measured again on its own."""
+    target once (`runs` times for the overlap series) after one untimed run, so that a spell of load on
+    this shared machine hits every term alike instead of the few measured during it. A sample is
+    (target - base) / the payloads chained in the target. The base is the series' fastest base run:
+    interference only ever adds time, and the base's own jitter is divided by the chain like the rest. A
+    series that the noise hid (a run no longer than its base) is measured again on its own."""
     feeds = [item.feed_dict() for item in series]
     for item, feed in zip(series, feeds):
         for _ in range(max(1, settings.warmup)):  # the first run of a step registers its graph on every task

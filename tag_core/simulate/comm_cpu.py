@@ -23,8 +23,9 @@ def charge_endpoints(ch: Chains, unhidden: float, tr_seconds: np.ndarray, src_sl
                      d_slot: np.ndarray, d_k: np.ndarray, d_seconds: np.ndarray) -> None:
     """Adds the work to the chains' running sums (`ch.cum`), in place; `ch.dur` stays the ops' own time.
 
-    `tr_seconds`: per transfer, the time its bytes take; `sending` / `landing`: per transfer, how many real transfers leave its source's / reach its consumer's
-    device (symmetric machines collapsed); `d_*`: a collective's first consumer on each slot, and its time."""
+    `tr_seconds`: per transfer, the time its bytes take; `sending` / `landing`: per transfer, how many real
+    transfers leave its source's / reach its consumer's device (symmetric machines collapsed); `d_*`: a
+    collective's first consumer on each slot, and its time."""
     extra = np.zeros(len(ch.dur))
     if len(tr_seconds):
         np.add.at(extra, ch.base[cons_slot] + cons_k, tr_seconds * landing)
