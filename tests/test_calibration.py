@@ -55,6 +55,7 @@ def synthetic_samples(noise: float = 0.03, seed: int = 0) -> list[Sample]:
         # compute 10 ms, transfers 4 ms, both 13 ms: compute hid 1 of the transfers' 4 ms
         samples += [Sample(kind, "inter", 2, None, run, seconds) for kind, seconds in
                     (("overlap_compute", 10e-3), ("overlap_comm", 4e-3), ("overlap_both", 13e-3))]
+        samples.append(Sample("gap", "inter", 2, 4096, run, 0.09e-3))  # one more of many independent transfers
     return samples
 
 
@@ -140,28 +141,33 @@ def test_the_feeds_latency_leaves_out_the_launchs_jitter():
                            code_version="").links["client"].latency_s == MIN_LATENCY_S
 
 
-def test_the_share_of_transfers_compute_hides_comes_from_the_overlap_samples():
+def test_the_share_of_transfers_compute_hides_and_the_gap_come_from_their_samples():
     assert synthetic_calibration().overheads.compute_overlap == pytest.approx(0.25)
-    rest = [s for s in synthetic_samples() if not s.kind.startswith("overlap")]
+    assert synthetic_calibration().overheads.transfer_gap_s == pytest.approx(0.09e-3)
+    rest = [s for s in synthetic_samples() if s.kind != "gap" and not s.kind.startswith("overlap")]
     calibration = fit_calibration(rest, topology="t", topology_hash="0" * 16, source="local", host="", code_version="")
-    assert calibration.overheads.compute_overlap is None and "compute_overlap" not in calibration.terms()["overheads"]
+    assert calibration.overheads.compute_overlap is None and calibration.overheads.transfer_gap_s is None
+    assert set(calibration.terms()["overheads"]) == {"per_op_s", "per_step_s", "per_transfer_s"}
     from tag_core.simulate import CommModel
 
-    assert CommModel.from_calibration(calibration).compute_overlap == 1.0  # not measured: hidden, as uncalibrated
-    assert CommModel.from_calibration(synthetic_calibration()).compute_overlap == pytest.approx(0.25)
+    unmeasured = CommModel.from_calibration(calibration)  # as uncalibrated: compute hides all, links hold whole
+    assert unmeasured.compute_overlap == 1.0 and unmeasured.transfer_gap_s is None
+    measured = CommModel.from_calibration(synthetic_calibration())
+    assert measured.compute_overlap == pytest.approx(0.25) and measured.transfer_gap_s == pytest.approx(0.09e-3)
 
 
 def test_a_file_from_before_the_overlap_was_measured_imports_with_its_hash(tmp_path):
     old = _valid()
-    old["samples"] = [x for x in old["samples"] if not x["kind"].startswith("overlap")]
-    del old["overheads"]["compute_overlap"]
+    old["samples"] = [x for x in old["samples"] if x["kind"] != "gap" and not x["kind"].startswith("overlap")]
+    del old["overheads"]["compute_overlap"], old["overheads"]["transfer_gap_s"]
     from tag_core.cluster.calibration import calibration_hash
 
     old["calibration_hash"] = calibration_hash({k: old[k] for k in ("links", "collectives", "overheads")},
                                                old["topology_hash"])
     (tmp_path / "old.json").write_text(json.dumps(old))
     imported = read_calibration_file(tmp_path / "old.json")
-    assert imported.overheads.compute_overlap is None and imported.calibration_hash == old["calibration_hash"]
+    assert imported.overheads.compute_overlap is None and imported.overheads.transfer_gap_s is None
+    assert imported.calibration_hash == old["calibration_hash"]
 
 
 def test_calibration_needs_point_to_point_and_overheads():
@@ -246,6 +252,8 @@ BAD_FILES = {
                    "collectives.ps.inter.02: a group size"),
     "overlap above 1": ({**_valid(), "overheads": {**_valid()["overheads"], "compute_overlap": 1.5}},
                         "overheads.compute_overlap: must be a number from 0 to 1"),
+    "negative gap": ({**_valid(), "overheads": {**_valid()["overheads"], "transfer_gap_s": -1e-4}},
+                     "overheads.transfer_gap_s: must be a positive"),
     "edited terms": ({**_valid(), "overheads": {**_valid()["overheads"], "per_step_s": 1.0}},
                      "calibration_hash: "),
     "wrong format": ({**_valid(), "format": "tag-topology"}, "format: must be 'tag-calibration'"),
@@ -435,6 +443,7 @@ def test_a_real_calibration_on_two_local_servers(tag_home, tmp_path, capsys):
     overheads = summary["overheads"]
     assert all(overheads[k] > 0 for k in ("per_op_s", "per_step_s", "per_transfer_s"))
     assert 0 <= overheads["compute_overlap"] <= 1  # measured: compute on both tasks beside transfers between them
+    assert overheads["transfer_gap_s"] > 0
     assert {(m["kind"], m["bytes"]) for m in summary["measured"]} >= {("p2p", 4096), ("p2p", 4 * 2**20), ("op", None)}
     assert {m["bytes"] for m in summary["measured"] if m.get("link") == "client"} == {256 * 2**10, 4 * 2**20}
     assert all(m["runs"] == (9 if m["kind"].startswith("overlap") else 3) for m in summary["measured"])

@@ -133,6 +133,16 @@ def test_two_transfers_on_one_link_take_longer_than_one():
     assert two.comm_s["p2p"] == pytest.approx(2 * x)
     # The second transfer queues behind the first on the one link.
     assert two.iteration_time_s - one.iteration_time_s == pytest.approx(x, rel=1e-3)
+    # Where a calibration measured the gap between independent transfers, their latencies overlap: the link
+    # is held for the gap and the bytes.
+    from tag_core.simulate import CommModel
+
+    g = _fan_in(nbytes, 2)
+    s = Strategy.uniform(len(g.ops), 2, 2, "model_parallel", op_devices=np.array([0, 0, 1]))
+    gap = 1e-4
+    times = [Simulator(g, topo, profiles(g, V100), comm=comm).run(s).iteration_time_s
+             for comm in (CommModel(), CommModel(transfer_gap_s=gap))]
+    assert times[0] - times[1] == pytest.approx(LATENCY_S - gap)
 
 
 def test_transfers_on_different_links_run_in_parallel():

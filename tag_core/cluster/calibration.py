@@ -16,6 +16,8 @@ the terms (the cost model). No TensorFlow here.
 - Overlap samples time a compute chain on every task, a chain of transfers between them, and both in
   one step: how much of the transfers the tasks' compute hides (`Overheads.compute_overlap`). GPUs move
   data beside their kernels; a task that is one CPU core does its sends and receives on that core.
+- Gap samples time many independent tiny transfers over one link in one step: what each adds when their
+  latencies overlap (`Overheads.transfer_gap_s`), against a chained one's whole latency ("sendrecv").
 
 JSON files: tag_core.cluster.calibration_json. DuckDB rows: `to_record` / `from_record` here, the
 SQL in tag_core.store.measurements.
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 
 OVERLAP_KINDS = ("overlap_compute", "overlap_comm", "overlap_both")  # compute, transfers, both at once
-KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv", *OVERLAP_KINDS)
+KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv", "gap", *OVERLAP_KINDS)
 COLLECTIVES = ("allreduce", "ps", "broadcast")
 LINKS = ("intra", "inter", "client")  # client: the process that feeds task 0 each step
 SOURCES = ("local", "cluster", "import")
@@ -82,12 +84,19 @@ class Overheads:
     # Of a transfer's or collective's time, the share the tasks' compute hides (1: all of it, 0: none: the
     # endpoints compute it as well). None: not measured, which applies as 1 (the uncalibrated model's).
     compute_overlap: float | None = None
+    # What one more independent transfer adds on a link (None: not measured: a transfer holds its link for
+    # all of its time, latency included).
+    transfer_gap_s: float | None = None
 
     def to_dict(self) -> dict:
         terms = {"per_op_s": self.per_op_s, "per_step_s": self.per_step_s, "per_transfer_s": self.per_transfer_s}
-        if self.compute_overlap is not None:  # absent from calibrations made before it was measured
-            terms["compute_overlap"] = self.compute_overlap
+        for key in OPTIONAL_OVERHEADS:  # absent from calibrations made before they were measured
+            if getattr(self, key) is not None:
+                terms[key] = getattr(self, key)
         return terms
+
+
+OPTIONAL_OVERHEADS = ("compute_overlap", "transfer_gap_s")
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,11 @@ def _overhead(samples: list[Sample], kind: str, what: str) -> float:
     return value
 
 
+def _optional_median(samples: list[Sample], kind: str) -> float | None:
+    values = [s.seconds for s in samples if s.kind == kind]
+    return float(median(values)) if values else None
+
+
 def compute_overlap(samples: list[Sample]) -> float | None:
     """The share of the transfers' time that compute hid: (compute + transfers - both) / the shorter of the
     two, from the medians, within [0, 1]. None without overlap samples."""
@@ -252,7 +266,8 @@ def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str,
     overheads = Overheads(per_op_s=_overhead(samples, "op", "the per-op cost"),
                           per_step_s=_overhead(samples, "step", "the per-step cost"),
                           per_transfer_s=_overhead(samples, "sendrecv", "the per-transfer cost"),
-                          compute_overlap=compute_overlap(samples))
+                          compute_overlap=compute_overlap(samples),
+                          transfer_gap_s=_optional_median(samples, "gap"))
     return Calibration(topology=topology, topology_hash=topology_hash, source=source, host=host,
                        code_version=code_version, links=links, collectives=collectives, overheads=overheads,
                        samples=tuple(samples))

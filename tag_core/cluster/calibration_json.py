@@ -7,7 +7,8 @@ The file (format "tag-calibration", version 1):
      "source", "host", "code_version",
      "links": {"inter": FIT, "intra": FIT, "client": FIT},   (each optional; at least one)
      "collectives": {"allreduce" | "ps" | "broadcast": {"inter" | "intra": {"<group size>": FIT}}},
-     "overheads": {"per_op_s", "per_step_s", "per_transfer_s", "compute_overlap" (optional, 0 to 1)},
+     "overheads": {"per_op_s", "per_step_s", "per_transfer_s",
+                   "compute_overlap" (optional, 0 to 1), "transfer_gap_s" (optional)},
      "samples": [{"kind", "link", "group_size", "bytes", "run", "seconds"}, ...]}
 
     FIT = {"latency_s", "gbps", "residual_rms_s", "residual_max_rel", "samples"}
@@ -28,7 +29,7 @@ from tag_core.errors import TagInputError
 from tag_core.files import read_json, write_atomically
 from tag_core.limits import INT32_MAX, INT64_MAX
 
-from .calibration import COLLECTIVES, KINDS, LINKS, SOURCES, Calibration, Fit, Overheads, Sample
+from .calibration import COLLECTIVES, KINDS, LINKS, OPTIONAL_OVERHEADS, SOURCES, Calibration, Fit, Overheads, Sample
 from .fields import bounded_number, describe, field_path, json_object, require
 
 FORMAT = "tag-calibration"
@@ -114,7 +115,7 @@ def parse_terms(terms: Any, where: str) -> tuple[dict[str, Fit], dict[str, dict[
                 collectives.setdefault(kind, {}).setdefault(link, {})[int(size)] = _fit(fit, size_path)
     overheads_path = field_path(where, "overheads")
     raw = json_object(terms["overheads"], overheads_path, ("per_op_s", "per_step_s", "per_transfer_s"),
-                      ("compute_overlap",))
+                      OPTIONAL_OVERHEADS)
     overlap = raw.get("compute_overlap")
     if overlap is not None:
         where = field_path(overheads_path, "compute_overlap")

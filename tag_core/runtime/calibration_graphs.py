@@ -12,6 +12,8 @@ What is chained is what the emitter emits (tag_core.emit):
                    (push) and the first sums them with AddN
     broadcast      the first member's tensor read on every other member (a "duplicate" input)
     op             a chain of scalar Adds on one device (the executor's per-op cost)
+    gap            32 independent 4 KB tensors made on one device and read on the other (base: read where
+                   they are made): what one more transfer adds when the latencies overlap
     overlap_*      a matmul chain on each device of a pair (compute), a 1 MB tensor hopping between them
                    (comm), and both in one step: how much of moving the bytes the compute hides
     feed           a tensor the client feeds to task 0 each step, as it feeds the batch (link "client";
@@ -34,6 +36,7 @@ MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around 
 OVERLAP_MATMULS, OVERLAP_SIDE = 600, 64  # the overlap series' compute: 600 chained 64 x 64 matmuls per device
 OVERLAP_HOPS, OVERLAP_BYTES = 8, 2**20  # ... and its transfers: 1 MB hopping 8 times (bytes, not latency)
 OVERLAP_RUNS = 3  # their share is a small difference of three times: more runs
+GAP_TRANSFERS = 32  # the gap series: this many independent 4 KB tensors cross one link in one step
 FEED_MIN_BYTES = 64 * 2**10
 
 
@@ -227,6 +230,22 @@ class CalibrationGraph:
                 final = build()
             self._add(kind, link, (a, b), None, final, 1, runs=OVERLAP_RUNS)
 
+    def gap(self, a: str, b: str, link: str) -> None:
+        tf = self.tf
+
+        def tensors(where: str) -> list:
+            value = self._read(b, 4096)
+            made = []
+            for k in range(GAP_TRANSFERS):
+                with tf.device(b):
+                    made.append(tf.raw_ops.AddV2(x=value, y=tf.constant(float(k))))  # distinct: one send each
+            with tf.device(where):
+                return [tf.raw_ops.Identity(input=x) for x in made]
+
+        with self.graph.as_default():
+            target, base = self._done(tensors(a), (a, b)), self._done(tensors(b), (a, b))
+        self.series.append(Series("gap", link, 2, 4096, target, base, GAP_TRANSFERS, (a, b)))
+
     def feed(self, device: str, nbytes: int) -> None:
         tf = self.tf
         with self.graph.as_default():
@@ -267,6 +286,7 @@ def build_series(graph: CalibrationGraph, tasks: list[list[str]], settings: Cali
     for link, a, b in pairs:
         graph.p2p(a, b, link, 4, hops=settings.transfer_hops, kind="sendrecv")
         graph.overlap(a, b, link)
+        graph.gap(a, b, link)
         for nbytes in settings.sizes:
             graph.p2p(a, b, link, nbytes)
     for link, members in groups:

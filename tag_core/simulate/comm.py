@@ -48,6 +48,7 @@ class CommModel:
     client_feeds: bool = False  # charge the batch the client feeds through task 0 (simulate/feeds.py)
     feed_fit: Fit | None = None  # the client's feed to task 0, when the calibration measured it
     compute_overlap: float = 1.0  # share of communication that compute hides (simulate/comm_cpu.py)
+    transfer_gap_s: float | None = None  # a link's time between independent transfers (None: their whole time)
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CommModel:
@@ -65,7 +66,8 @@ class CommModel:
                    calibration_hash=calibration.calibration_hash, client_feeds=True,
                    feed_fit=calibration.links.get("client"),
                    compute_overlap=1.0 if calibration.overheads.compute_overlap is None
-                   else calibration.overheads.compute_overlap)
+                   else calibration.overheads.compute_overlap,
+                   transfer_gap_s=calibration.overheads.transfer_gap_s)
 
     @property
     def calibrated(self) -> bool:

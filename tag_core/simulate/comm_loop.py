@@ -46,11 +46,12 @@ def _arrive(cum, dur, base, ext_base, ext_len, ext_idx, ext_val, sl, k, when):
 
 @njit(cache=True, nogil=True)
 def run_items(cum, dur, base, ext_base, item_kind, item_ref,
-              t_src_slot, t_src_k, t_cons_slot, t_cons_k, t_chan, t_dur,
+              t_src_slot, t_src_k, t_cons_slot, t_cons_k, t_chan, t_dur, t_busy,
               in_ptr, in_slot, in_k, chan_ptr, chan_ids, coll_dur, held, last_grad,
               d_slot, d_k, d_unit, num_channels):
     """Returns (transfer start, transfer end, collective start, collective end, ext_len, ext_idx, ext_val).
 
+    `t_busy[i]`: how long transfer i holds its channel (at most its duration `t_dur[i]`).
     `held[c]`: collective c waits for the end of the backward pass, the latest end of `last_grad[k]` (a chain
     position, -1 for none) over the slots."""
     S = len(base)
@@ -70,7 +71,7 @@ def run_items(cum, dur, base, ext_base, item_kind, item_ref,
             ch = t_chan[ref]
             st = ready if ready > chan_free[ch] else chan_free[ch]
             en = st + t_dur[ref]
-            chan_free[ch] = en
+            chan_free[ch] = st + t_busy[ref]
             tr_start[ref], tr_end[ref] = st, en
             _arrive(cum, dur, base, ext_base, ext_len, ext_idx, ext_val, t_cons_slot[ref], t_cons_k[ref], en)
         elif item_kind[i] == COLLECTIVE:

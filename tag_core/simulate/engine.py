@@ -142,7 +142,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     tr_start, tr_end, coll_start, coll_end, ext_len, ext_idx, ext_val = run_items(
         cum, dur_flat, base, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
         src_slot.astype(np.int64), src_k.astype(np.int64), cons_slot.astype(np.int64), cons_k.astype(np.int64),
-        t_chan.astype(np.int64), tr_dur.astype(np.float64),
+        t_chan.astype(np.int64), tr_dur.astype(np.float64), _channel_held(ctx, t, tr_dur),
         _pointers(in_count), in_slot.astype(np.int64), in_k.astype(np.int64), _pointers(chan_count), chan_ids,
         colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
         d_unit.astype(np.int64), num_channels)
@@ -155,6 +155,15 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         iteration = max(iteration, float(coll_end.max()))
     return Schedule(slots, ch, end_flat, on, cidx, tr_start, tr_end, tr_dur, src_slot,
                     cons_slot, coll_start, coll_end, iteration, t, weight, landing)
+
+
+def _channel_held(ctx, t: Transfers, tr_dur: np.ndarray) -> np.ndarray:
+    """How long each transfer holds its channel: all of its time, or, where the calibration measured the gap
+    between independent transfers on one link, that gap and its bytes (their latencies overlap)."""
+    gap = ctx.comm.transfer_gap_s
+    if gap is None:
+        return tr_dur.astype(np.float64)
+    return gap + t.nbytes / ctx.channel_bps[t.channel]
 
 
 def _compact_channels(tr_chan: np.ndarray, coll_chans: list) -> tuple[np.ndarray, list[np.ndarray]]:
