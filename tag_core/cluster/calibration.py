@@ -76,13 +76,16 @@ class Fit:
                 "residual_max_rel": self.residual_max_rel, "samples": self.samples}
 
 
+OPTIONAL_OVERHEADS = ("compute_overlap", "transfer_gap_s")  # terms of Overheads a calibration may lack
+
+
 @dataclass(frozen=True)
 class Overheads:
     per_op_s: float  # the executor's cost of dispatching one cheap op
     per_step_s: float  # launching a step that touches every task (session.run of almost nothing)
     per_transfer_s: float  # one tiny cross-task send/recv pair
-    # Of a transfer's or collective's time, the share the tasks' compute hides (1: all of it, 0: none: the
-    # endpoints compute it as well). None: not measured, which applies as 1 (the uncalibrated model's).
+    # Of moving a transfer's bytes or of a collective, the share the tasks' compute hides (1: all of it, 0:
+    # none: the endpoints do it on their cores). None: not measured, which applies as 1 (uncalibrated).
     compute_overlap: float | None = None
     # What one more independent transfer adds on a link (None: not measured: a transfer holds its link for
     # all of its time, latency included).
@@ -94,9 +97,6 @@ class Overheads:
             if getattr(self, key) is not None:
                 terms[key] = getattr(self, key)
         return terms
-
-
-OPTIONAL_OVERHEADS = ("compute_overlap", "transfer_gap_s")
 
 
 @dataclass(frozen=True)
@@ -230,13 +230,10 @@ def _optional_median(samples: list[Sample], kind: str) -> float | None:
 def compute_overlap(samples: list[Sample]) -> float | None:
     """The share of the transfers' time that compute hid: (compute + transfers - both) / the shorter of the
     two, from the medians, within [0, 1]. None without overlap samples."""
-    medians = {}
-    for kind in OVERLAP_KINDS:
-        values = [s.seconds for s in samples if s.kind == kind]
-        if not values:
-            return None
-        medians[kind] = median(values)
-    compute, comm, both = (medians[kind] for kind in OVERLAP_KINDS)
+    medians = [_optional_median(samples, kind) for kind in OVERLAP_KINDS]
+    if None in medians:
+        return None
+    compute, comm, both = medians
     hidden = (compute + comm - both) / min(compute, comm)
     return float(min(1.0, max(0.0, hidden)))
 

@@ -231,6 +231,7 @@ class CalibrationGraph:
             self._add(kind, link, (a, b), None, final, 1, runs=OVERLAP_RUNS)
 
     def gap(self, a: str, b: str, link: str) -> None:
+        """GAP_TRANSFERS distinct tensors made on b, read on a; the base reads them on b."""
         tf = self.tf
 
         def tensors(where: str) -> list:

@@ -51,7 +51,7 @@ def run_items(cum, dur, base, ext_base, item_kind, item_ref,
               d_slot, d_k, d_unit, num_channels):
     """Returns (transfer start, transfer end, collective start, collective end, ext_len, ext_idx, ext_val).
 
-    `t_busy[i]`: how long transfer i holds its channel (at most its duration `t_dur[i]`).
+    `t_busy[i]`: how long transfer i holds its channel (its duration `t_dur[i]` unless a gap was measured).
     `held[c]`: collective c waits for the end of the backward pass, the latest end of `last_grad[k]` (a chain
     position, -1 for none) over the slots."""
     S = len(base)
