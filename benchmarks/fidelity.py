@@ -91,7 +91,7 @@ def main() -> None:
         say(f"{key}: tag fidelity {reference} --batch-size {batch}")
         load = os.getloadavg()[0]
         run = wrapped([TAG, "fidelity", reference, "--topology", str(topology), "--batch-size", str(batch),
-                       "--steps", str(args.steps), "--rounds", str(args.rounds), "--json"], env)
+                       "--steps", str(args.steps), "--rounds", str(args.rounds), "--profile-after", "--json"], env)
         if not run["out"].strip():
             raise SystemExit(f"tag fidelity {reference} failed:\n{run['err']}")
         fidelity = json.loads(run["out"])
@@ -128,6 +128,18 @@ def say(text: str) -> None:
     print(f"fidelity benchmark: {text}", file=sys.stderr, flush=True)
 
 
+def _before_only(rows: list[dict]) -> str:
+    """Spearman and median |error| of the predictions from the profile before the measurement alone."""
+    from tag_core.runtime.measure import median_abs_error, spearman
+
+    done = [(r["predicted_before_s"], r["measured_s"]) for r in rows
+            if r.get("predicted_before_s") is not None and r["measured_s"] is not None]
+    if not done:
+        return "-"
+    rho = spearman([p for p, _ in done], [m for _, m in done])
+    return f"{'undefined' if rho is None else format(rho, '.2f')}, {median_abs_error(done):.0%}"
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
@@ -141,16 +153,18 @@ def markdown(report: dict) -> str:
              f"{c['calibration_hash']} in {c['wall_s']:.0f} s (peak RSS {c['peak_rss_mib']:.0f} MiB).",
              "",
              f"Each model: `tag fidelity MODEL --topology local-{report['tasks']}.json --batch-size B --steps "
-             f"{report['steps']} --rounds {report['rounds']}`. Predicted: the simulator with the calibration applied "
-             f"(recorded by `tag emit` in plan.json). Measured: the median of {report['steps']} timed steps after 3 "
-             f"warm-up steps, the strategies interleaved over {report['rounds']} rounds on one pinned cluster so that "
-             f"load changes hit them alike. Noise: the interquartile range (IQR) of the timed steps. Error: "
-             f"(predicted - measured) / measured. TAG verdict: the TAG plan's median against the fastest other "
+             f"{report['steps']} --rounds {report['rounds']} --profile-after`. Predicted: the simulator with the "
+             f"calibration applied, from the model's profiles of just before and just after the measurement ('before "
+             f"only': from the one before alone, as `tag emit` records it in plan.json). Measured: the median of "
+             f"{report['steps']} timed steps after 3 warm-up steps, the strategies interleaved over "
+             f"{report['rounds']} rounds on one pinned cluster so that load changes hit them alike. Noise: the "
+             f"interquartile range (IQR) of the timed steps. Error: (predicted - measured) / measured. TAG "
+             f"verdict: the TAG plan's median against the fastest other "
              f"strategy's, within the larger of the two IQRs. Targets (issue 20): Spearman >= 0.8, median |error| "
              f"<= 20%.", "",
-             "| model | batch | strategies | Spearman | median abs error | TAG vs fastest alternative | wall s | "
-             "peak RSS MiB | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | batch | strategies | Spearman | median abs error | before only | TAG vs fastest alternative | "
+             "wall s | peak RSS MiB | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["models"]:
         rho = "undefined" if m["spearman"] is None else f"{m['spearman']:.2f}"
         error = "-" if m["median_abs_error"] is None else f"{m['median_abs_error']:.0%}"
@@ -160,8 +174,8 @@ def markdown(report: dict) -> str:
             f"{verdict['best_alternative']} {_ms(verdict['best_s'])} ms (noise {_ms(verdict['noise_s'])} ms)")
         measured = sum(r["measured_s"] is not None for r in m["rows"])
         lines.append(f"| {m['reference']} | {m['batch_size']} | {measured} of {len(m['rows'])} | {rho} | {error} | "
-                     f"{tag} | {m['wall_s']:.0f} | {m['peak_rss_mib']:.0f} | {m['load_before']:.1f} -> "
-                     f"{m['load_after']:.1f} |")
+                     f"{_before_only(m['rows'])} | {tag} | {m['wall_s']:.0f} | {m['peak_rss_mib']:.0f} | "
+                     f"{m['load_before']:.1f} -> {m['load_after']:.1f} |")
     for m in report["models"]:
         lines += ["", f"## {m['reference']}, batch {m['batch_size']}", "",
                   "Terms: the prediction's busiest device (compute) and its communication by kind (ms, charged one "

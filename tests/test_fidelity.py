@@ -200,12 +200,14 @@ def test_fidelity_strategy_names_are_canonical():
 @pytest.mark.timeout(600)
 def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert main(["fidelity", MLP, "--topology", str(local2), "--strategies", "single,duplicate", "--batch-size",
-                 str(BATCH), "--steps", "4", "--warmup", "1", "--rounds", "2", "--json"]) == 0
+                 str(BATCH), "--steps", "4", "--warmup", "1", "--rounds", "2", "--profile-after", "--json"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert [r["strategy"] for r in report["rows"]] == ["single", "duplicate"]
     for row in report["rows"]:
         assert row["predicted_s"] > 0 and row["measured_s"] > 0 and row["spread_s"] >= 0 and row["steps"] == 4
+        assert row["predicted_before_s"] > 0  # the prediction from the profile before; predicted_s: before and after
+    assert "profiling" in captured.err and "again at batch sizes" in captured.err
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert "[2/2] duplicate: emitting" in captured.err and "measuring 2 strategies interleaved" in captured.err

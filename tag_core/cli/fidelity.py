@@ -6,7 +6,10 @@ single-core TF server process per task, interleaved so that a change in the mach
 strategy alike: after warm-up, each round runs every graph for one untimed and its share of the timed
 steps. The median step time, its interquartile range and the prediction go into `measured_steps` under
 the strategy's name. The order of the strategies predicted against measured gives Spearman's rank
-correlation.
+correlation. With --profile-after the model is profiled again once the measurement ends, and the report
+predicts from both profiles, before and after (on a shared machine a step's speed can move by half within
+a minute: a profile on one side of the measurement alone may catch another speed than the rounds did);
+each row keeps its prediction from before as predicted_before_s.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ def register(subparsers) -> None:
                         help="MCTS iterations of the tag plan (default 300)")
     parser.add_argument("--timeout", type=positive_float, default=1800.0,
                         help="seconds the measurement of every strategy may take before it is stopped (default 1800)")
+    parser.add_argument("--profile-after", action="store_true",
+                        help="profile the model again after the measurement and predict from the profiles before "
+                             "and after it (the report keeps the predictions from before as predicted_before_s)")
     add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
@@ -108,15 +114,18 @@ def run(args) -> int:
         _say(f"warning: predictions without a calibration: {uncalibrated}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tag-fidelity-") as work:
-        rows, folders = [], {}
+        rows, folders, emissions = [], {}, {}
         for i, name in enumerate(args.strategies, 1):
-            row, folder = _prepare(spec, topology, profiles, comm, uncalibrated, name, args.budget_iterations,
-                                   f"[{i}/{len(args.strategies)}] {name}", Path(work) / name)
+            row, folder, emission = _prepare(spec, topology, profiles, comm, uncalibrated, name,
+                                             args.budget_iterations, f"[{i}/{len(args.strategies)}] {name}",
+                                             Path(work) / name)
             rows.append(row)
             if folder is not None:
-                folders[name] = folder
+                folders[name], emissions[name] = folder, emission
         if folders:
             _measure(args, rows, folders)
+        if folders and args.profile_after:
+            _predict_again(rows, emissions, _profile_again(args, profiles), comm, uncalibrated)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
     report["wall_s"] = time.monotonic() - started
@@ -157,6 +166,37 @@ def _inputs(args, spec, topology):
     return graph, profiles, comm, uncalibrated
 
 
+def _profile_again(args, before):
+    """The profile rows of before and of a new profile of the same batch sizes (its runs numbered on)."""
+    import pandas as pd
+
+    from tag_core.capture.models import resolve_model
+    from tag_core.profile.profiler import profile_model
+
+    from ._common import open_store
+
+    own = resolve_model(args.model, timeout=args.model_timeout)
+    sizes = sorted(int(b) for b in before.batch_size.unique())
+    _say(f"profiling {own.name} again at batch sizes {sizes}, after the measurement")
+    conn = open_store(args)
+    try:
+        after = profile_model(conn, own, sizes, runs=5, warmup=2, show_progress=False)
+    finally:
+        conn.close()
+    after = after.assign(run=after.run + int(before.run.max()) + 1)[list(before.columns)]
+    return pd.concat([before, after], ignore_index=True)
+
+
+def _predict_again(rows: list[dict], emissions: dict, profiles, comm, uncalibrated) -> None:
+    from tag_core.emit.prediction import predict_emission
+
+    for row in rows:
+        if row["strategy"] in emissions:
+            predicted = predict_emission(emissions[row["strategy"]], profiles, comm, uncalibrated)
+            row["predicted_before_s"] = row["predicted_s"]
+            row.update(_prediction_fields(predicted))
+
+
 def build_strategy(name: str, sim, profiles, budget_iterations: int):
     """The strategy `name` on the simulator's graph and topology (see --strategies)."""
     from tag_core.search.strategy_files import load_strategy
@@ -191,8 +231,9 @@ def mixed_strategy(sim, profiles):
 
 
 def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_iterations: int, label: str,
-             folder: Path) -> tuple[dict, Path | None]:
-    """Build, predict and emit one strategy: its row, and its folder (None when it could not be emitted)."""
+             folder: Path) -> tuple[dict, Path | None, object]:
+    """Build, predict and emit one strategy: its row, its folder and its emission (None, None when it could not
+    be emitted)."""
     from tag_core.emit.emitter import emit
     from tag_core.emit.folder import write_emission
     from tag_core.emit.prediction import predict_emission
@@ -214,12 +255,16 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
     except (TagInputError, RuntimeError) as exc:  # a strategy the emitter cannot build: this row fails alone
         row["error"] = f"emit failed: {exc}"
         _say(f"{label}: {row['error']}")
-        return row, None
-    row["predicted_s"] = predicted["iteration_time_s"]
-    row["terms"] = {"busy_s": max(predicted["busy_s"]), **{k: v for k, v in predicted["comm_s"].items() if v}}
+        return row, None, None
+    row.update(_prediction_fields(predicted))
     row["emitted"] = graph_facts(emission.emitted.graph_def, [emission.emitted.loss_tensor, emission.emitted.train_op])
     _say(f"{label}: predicted {row['predicted_s'] * 1e3:.2f} ms")
-    return row, folder
+    return row, folder, emission
+
+
+def _prediction_fields(predicted: dict) -> dict:
+    return {"predicted_s": predicted["iteration_time_s"],
+            "terms": {"busy_s": max(predicted["busy_s"]), **{k: v for k, v in predicted["comm_s"].items() if v}}}
 
 
 def graph_facts(graph_def, fetches: list[str]) -> dict:
