@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._common import (
     add_model_timeout,
@@ -28,6 +29,9 @@ from ._common import (
     print_json,
     require,
 )
+
+if TYPE_CHECKING:
+    from tag_core.emit.emission import Emission
 
 DEFAULT_STRATEGIES = ("single", "dp-nccl", "dp-nccl-p", "horovod", "ps", "model_parallel", "duplicate", "mixed", "tag")
 EXTRA = ("mixed", "tag")  # not names `tag simulate` knows: built here
@@ -109,7 +113,7 @@ def run(args) -> int:
                                             "here, on CPU tasks: use the topology `tag calibrate --local N` writes")
     spec = resolve_model(args.model, args.batch_size, args.model_timeout)
     batch = spec.batch_size
-    graph, profiles, comm, uncalibrated = _inputs(args, spec, topology)
+    own, graph, profiles, comm, uncalibrated = _inputs(args, spec, topology)
     if uncalibrated:
         _say(f"warning: predictions without a calibration: {uncalibrated}")
     started = time.monotonic()
@@ -125,7 +129,7 @@ def run(args) -> int:
         if folders:
             _measure(args, rows, folders)
         if folders and args.profile_after:
-            _predict_again(rows, emissions, _profile_again(args, profiles), comm, uncalibrated)
+            _predict_again(rows, emissions, _profile_again(args, own, profiles), comm, uncalibrated)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
     report["wall_s"] = time.monotonic() - started
@@ -137,8 +141,8 @@ def run(args) -> int:
 
 
 def _inputs(args, spec, topology):
-    """The captured graph, op profiles (profiling the batches the strategies use when missing) and the
-    communication model of the topology's calibration."""
+    """The model at its own batch (as captured), its graph, op profiles (profiling the batches the strategies
+    use when missing) and the communication model of the topology's calibration."""
     from tag_core import store
     from tag_core.capture.models import resolve_model
     from tag_core.capture.steps import ensure_captured
@@ -163,19 +167,17 @@ def _inputs(args, spec, topology):
         comm, uncalibrated = comm_for(conn, topology)
     finally:
         conn.close()
-    return graph, profiles, comm, uncalibrated
+    return own, graph, profiles, comm, uncalibrated
 
 
-def _profile_again(args, before):
+def _profile_again(args, own, before):
     """The profile rows of before and of a new profile of the same batch sizes (its runs numbered on)."""
     import pandas as pd
 
-    from tag_core.capture.models import resolve_model
     from tag_core.profile.profiler import profile_model
 
     from ._common import open_store
 
-    own = resolve_model(args.model, timeout=args.model_timeout)
     sizes = sorted(int(b) for b in before.batch_size.unique())
     _say(f"profiling {own.name} again at batch sizes {sizes}, after the measurement")
     conn = open_store(args)
@@ -231,7 +233,7 @@ def mixed_strategy(sim, profiles):
 
 
 def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_iterations: int, label: str,
-             folder: Path) -> tuple[dict, Path | None, object]:
+             folder: Path) -> tuple[dict, Path | None, Emission | None]:
     """Build, predict and emit one strategy: its row, its folder and its emission (None, None when it could not
     be emitted)."""
     from tag_core.emit.emitter import emit

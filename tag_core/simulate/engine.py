@@ -119,11 +119,14 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     pos_all, rank_all = np.concatenate(keys_pos), np.concatenate(keys_rank)
     item_order = np.lexsort((rank_all, pos_all))
 
-    unhidden = 1.0 - ctx.comm.compute_overlap
+    # Of a transfer's time, its bytes': its latency is a wait that the next transfer and compute can overlap.
+    unhidden, gap = 1.0 - ctx.comm.compute_overlap, ctx.comm.transfer_gap_s
+    moving = t.nbytes / ctx.channel_bps[t.channel] if unhidden > 0 or gap is not None else None
     if unhidden > 0:
-        moving = t.nbytes / ctx.channel_bps[t.channel]  # a transfer's latency is waiting, its bytes are work
         charge_endpoints(ch, unhidden, moving, src_slot, src_k, cons_slot, cons_k, sending, landing, d_slot, d_k,
                          colls.duration[d_unit] if U else np.zeros(0))
+    tr_dur = tr_dur.astype(np.float64)
+    held_for = tr_dur if gap is None else gap + moving  # how long each transfer holds its channel
 
     # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels).
     t_chan, coll_chans = _compact_channels(t.channel, colls.channels)
@@ -142,7 +145,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     tr_start, tr_end, coll_start, coll_end, ext_len, ext_idx, ext_val = run_items(
         cum, dur_flat, base, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
         src_slot.astype(np.int64), src_k.astype(np.int64), cons_slot.astype(np.int64), cons_k.astype(np.int64),
-        t_chan.astype(np.int64), tr_dur.astype(np.float64), _channel_held(ctx, t, tr_dur),
+        t_chan.astype(np.int64), tr_dur, held_for,
         _pointers(in_count), in_slot.astype(np.int64), in_k.astype(np.int64), _pointers(chan_count), chan_ids,
         colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
         d_unit.astype(np.int64), num_channels)
@@ -155,15 +158,6 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         iteration = max(iteration, float(coll_end.max()))
     return Schedule(slots, ch, end_flat, on, cidx, tr_start, tr_end, tr_dur, src_slot,
                     cons_slot, coll_start, coll_end, iteration, t, weight, landing)
-
-
-def _channel_held(ctx, t: Transfers, tr_dur: np.ndarray) -> np.ndarray:
-    """How long each transfer holds its channel: all of its time, or, where the calibration measured the gap
-    between independent transfers on one link, that gap and its bytes (their latencies overlap)."""
-    gap = ctx.comm.transfer_gap_s
-    if gap is None:
-        return tr_dur.astype(np.float64)
-    return gap + t.nbytes / ctx.channel_bps[t.channel]
 
 
 def _compact_channels(tr_chan: np.ndarray, coll_chans: list) -> tuple[np.ndarray, list[np.ndarray]]:
