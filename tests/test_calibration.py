@@ -18,6 +18,8 @@ from tag_core import store
 from tag_core.cli import main
 from tag_core.cluster.calibration import (
     MIN_LATENCY_S,
+    OVERLAP_KINDS,
+    SEND_KINDS,
     Calibration,
     FitRefused,
     Sample,
@@ -56,6 +58,9 @@ def synthetic_samples(noise: float = 0.03, seed: int = 0) -> list[Sample]:
         samples += [Sample(kind, "inter", 2, None, run, seconds) for kind, seconds in
                     (("overlap_compute", 10e-3), ("overlap_comm", 4e-3), ("overlap_both", 13e-3))]
         samples.append(Sample("gap", "inter", 2, 4096, run, 0.09e-3))  # one more of many independent transfers
+        # a tensor sent to a waiting chain: 10.5 ms with the sender idle, 13 ms with it computing: 2.5 ms late
+        samples += [Sample("send_idle", "inter", 2, None, run, 10.5e-3),
+                    Sample("send_busy", "inter", 2, None, run, 13e-3)]
     return samples
 
 
@@ -141,25 +146,33 @@ def test_the_feeds_latency_leaves_out_the_launchs_jitter():
                            code_version="").links["client"].latency_s == MIN_LATENCY_S
 
 
-def test_the_share_of_transfers_compute_hides_and_the_gap_come_from_their_samples():
+def test_the_share_of_transfers_compute_hides_the_gap_and_the_busy_senders_delay_come_from_their_samples():
     assert synthetic_calibration().overheads.compute_overlap == pytest.approx(0.25)
     assert synthetic_calibration().overheads.transfer_gap_s == pytest.approx(0.09e-3)
-    rest = [s for s in synthetic_samples() if s.kind != "gap" and not s.kind.startswith("overlap")]
+    assert synthetic_calibration().overheads.busy_send_s == pytest.approx(2.5e-3)  # 13 - max(10.5, compute 10)
+    rest = [s for s in synthetic_samples() if s.kind not in ("gap", *OVERLAP_KINDS, *SEND_KINDS)]
     calibration = fit_calibration(rest, topology="t", topology_hash="0" * 16, source="local", host="", code_version="")
     assert calibration.overheads.compute_overlap is None and calibration.overheads.transfer_gap_s is None
+    assert calibration.overheads.busy_send_s is None
     assert set(calibration.terms()["overheads"]) == {"per_op_s", "per_step_s", "per_transfer_s"}
     from tag_core.simulate import CommModel
 
     unmeasured = CommModel.from_calibration(calibration)  # as uncalibrated: compute hides all, links hold whole
-    assert unmeasured.compute_overlap == 1.0 and unmeasured.transfer_gap_s is None
+    assert unmeasured.compute_overlap == 1.0 and unmeasured.transfer_gap_s is None and unmeasured.busy_send_s == 0
     measured = CommModel.from_calibration(synthetic_calibration())
     assert measured.compute_overlap == pytest.approx(0.25) and measured.transfer_gap_s == pytest.approx(0.09e-3)
+    assert measured.busy_send_s == pytest.approx(2.5e-3)
+    # A sender that never kept anything waiting measures 0, which exports and imports as measured.
+    never = [s for s in synthetic_samples() if s.kind != "send_busy"] + \
+        [Sample("send_busy", "inter", 2, None, run, 9e-3) for run in range(7)]
+    assert fit_calibration(never, topology="t", topology_hash="0" * 16, source="local", host="",
+                           code_version="").overheads.busy_send_s == 0.0
 
 
 def test_a_file_from_before_the_overlap_was_measured_imports_with_its_hash(tmp_path):
     old = _valid()
-    old["samples"] = [x for x in old["samples"] if x["kind"] != "gap" and not x["kind"].startswith("overlap")]
-    del old["overheads"]["compute_overlap"], old["overheads"]["transfer_gap_s"]
+    old["samples"] = [x for x in old["samples"] if x["kind"] not in ("gap", *OVERLAP_KINDS, *SEND_KINDS)]
+    del old["overheads"]["compute_overlap"], old["overheads"]["transfer_gap_s"], old["overheads"]["busy_send_s"]
     from tag_core.cluster.calibration import calibration_hash
 
     old["calibration_hash"] = calibration_hash({k: old[k] for k in ("links", "collectives", "overheads")},
@@ -167,7 +180,7 @@ def test_a_file_from_before_the_overlap_was_measured_imports_with_its_hash(tmp_p
     (tmp_path / "old.json").write_text(json.dumps(old))
     imported = read_calibration_file(tmp_path / "old.json")
     assert imported.overheads.compute_overlap is None and imported.overheads.transfer_gap_s is None
-    assert imported.calibration_hash == old["calibration_hash"]
+    assert imported.overheads.busy_send_s is None and imported.calibration_hash == old["calibration_hash"]
 
 
 def test_calibration_needs_point_to_point_and_overheads():
@@ -254,6 +267,10 @@ BAD_FILES = {
                         "overheads.compute_overlap: must be a number from 0 to 1"),
     "negative gap": ({**_valid(), "overheads": {**_valid()["overheads"], "transfer_gap_s": -1e-4}},
                      "overheads.transfer_gap_s: must be a positive"),
+    "negative busy send": ({**_valid(), "overheads": {**_valid()["overheads"], "busy_send_s": -1e-3}},
+                           "overheads.busy_send_s: must be a finite number >= 0"),
+    "busy send too long": ({**_valid(), "overheads": {**_valid()["overheads"], "busy_send_s": 1e9}},
+                           "overheads.busy_send_s: must be at most"),
     "edited terms": ({**_valid(), "overheads": {**_valid()["overheads"], "per_step_s": 1.0}},
                      "calibration_hash: "),
     "wrong format": ({**_valid(), "format": "tag-topology"}, "format: must be 'tag-calibration'"),
@@ -444,9 +461,10 @@ def test_a_real_calibration_on_two_local_servers(tag_home, tmp_path, capsys):
     assert all(overheads[k] > 0 for k in ("per_op_s", "per_step_s", "per_transfer_s"))
     assert 0 <= overheads["compute_overlap"] <= 1  # measured: compute on both tasks beside transfers between them
     assert overheads["transfer_gap_s"] > 0
+    assert overheads["busy_send_s"] >= 0  # measured: a tensor sent to a waiting task, its sender idle or computing
     assert {(m["kind"], m["bytes"]) for m in summary["measured"]} >= {("p2p", 4096), ("p2p", 4 * 2**20), ("op", None)}
     assert {m["bytes"] for m in summary["measured"] if m.get("link") == "client"} == {256 * 2**10, 4 * 2**20}
-    assert all(m["runs"] == (9 if m["kind"].startswith("overlap") else 3) for m in summary["measured"])
+    assert all(m["runs"] == (9 if m["kind"] in (*OVERLAP_KINDS, *SEND_KINDS) else 3) for m in summary["measured"])
     conn = store.connect(tag_home / "tag.duckdb", read_only=True)
     stored = load_from_store(conn, topology="local-2")
     conn.close()

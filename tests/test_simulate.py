@@ -454,3 +454,29 @@ def test_communication_the_compute_cannot_hide_is_charged_to_its_endpoints():
         assert hidden == pytest.approx(max(a + x, b) + c)
         # m1 receives on the core that computes b: c waits for both; a device that waits anyway loses nothing.
         assert unhidden == pytest.approx(max(a + x, b + moving) + c)
+
+
+def test_a_sender_whose_steps_compute_has_just_begun_keeps_its_transfer_waiting():
+    import pandas as pd
+
+    from tag_core.simulate import CommModel
+
+    # a (m0) feeds c (m1) and, on m0, s; c computes 30 ms once a's output arrives.
+    g = OpGraph("send", 1, [Op("a", "Relu", 4, 0), Op("s", "Relu", 4, 0), Op("c", "Relu", 4, 0)],
+                [Edge(0, 1, 4, False, "a:0"), Edge(0, 2, 4, False, "a:0")], [])
+    topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), inter_gbps=10.0)
+    delay = 3e-3
+    cases = {  # a's and s's time (us), where s runs, and how much later c starts
+        "m0 computes s long after a": (5.0, 20_000.0, 0, delay - 5e-6),  # a leaves once m0 has computed 3 ms
+        "m0 computes s briefly": (5.0, 1_000.0, 0, 1e-3),  # ... or when m0's chain ends, if sooner
+        "m0 idle after a": (5.0, 5.0, 1, 0.0),  # s on m1: nothing holds m0's threads
+        "m0 has computed long enough": (10_000.0, 20_000.0, 0, 0.0),  # a ends 10 ms in: its threads preempt s
+    }
+    for name, (a_us, s_us, s_device, late) in cases.items():
+        times = {"a": a_us, "s": s_us, "c": 30_000.0}
+        prof = pd.DataFrame([("send", op, V100, batch, 0, us) for op, us in times.items() for batch in (4, 8)],
+                            columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        strategy = Strategy.uniform(3, 2, 2, "model_parallel", op_devices=np.array([0, s_device, 1]))
+        plain, busy = (Simulator(g, topo, prof, comm=CommModel(busy_send_s=d)).run(strategy).iteration_time_s
+                       for d in (0.0, delay))
+        assert busy - plain == pytest.approx(late, abs=1e-9), name

@@ -18,6 +18,10 @@ the terms (the cost model). No TensorFlow here.
   data beside their kernels; a task that is one CPU core does its sends and receives on that core.
 - Gap samples time many independent tiny transfers over one link in one step: what each adds when their
   latencies overlap (`Overheads.transfer_gap_s`), against a chained one's whole latency ("sendrecv").
+- Send samples time a tiny tensor that one task sends another at the start of a step, on which the
+  receiver's compute chain waits, with the sender idle ("send_idle") and computing a chain of its own
+  ("send_busy"): how long a sender that computes keeps a transfer waiting (`Overheads.busy_send_s`). A
+  task's server threads share its one core with its compute, and wait for the scheduler to let them run.
 
 JSON files: tag_core.cluster.calibration_json. DuckDB rows: `to_record` / `from_record` here, the
 SQL in tag_core.store.measurements.
@@ -33,7 +37,8 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 
 OVERLAP_KINDS = ("overlap_compute", "overlap_comm", "overlap_both")  # compute, transfers, both at once
-KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv", "gap", *OVERLAP_KINDS)
+SEND_KINDS = ("send_idle", "send_busy")  # a tiny tensor sent at the start, the sender idle or computing
+KINDS = ("p2p", "allreduce", "ps", "broadcast", "op", "step", "sendrecv", "gap", *OVERLAP_KINDS, *SEND_KINDS)
 COLLECTIVES = ("allreduce", "ps", "broadcast")
 LINKS = ("intra", "inter", "client")  # client: the process that feeds task 0 each step
 SOURCES = ("local", "cluster", "import")
@@ -76,7 +81,7 @@ class Fit:
                 "residual_max_rel": self.residual_max_rel, "samples": self.samples}
 
 
-OPTIONAL_OVERHEADS = ("compute_overlap", "transfer_gap_s")  # terms of Overheads a calibration may lack
+OPTIONAL_OVERHEADS = ("compute_overlap", "transfer_gap_s", "busy_send_s")  # terms a calibration may lack
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ class Overheads:
     # What one more independent transfer adds on a link (None: not measured: a transfer holds its link for
     # all of its time, latency included).
     transfer_gap_s: float | None = None
+    # How long a transfer waits for its sender's core when the sender is computing (None: not measured: no wait).
+    busy_send_s: float | None = None
 
     def to_dict(self) -> dict:
         terms = {"per_op_s": self.per_op_s, "per_step_s": self.per_step_s, "per_transfer_s": self.per_transfer_s}
@@ -238,6 +245,17 @@ def compute_overlap(samples: list[Sample]) -> float | None:
     return float(min(1.0, max(0.0, hidden)))
 
 
+def busy_send_delay(samples: list[Sample]) -> float | None:
+    """How much later a tensor reaches a waiting receiver when its sender computes meanwhile: the busy
+    sender's step less the later of the idle sender's and the two compute chains' without the tensor (its
+    own, "overlap_compute"), from the medians, at least 0. None without send samples."""
+    medians = [_optional_median(samples, kind) for kind in (*SEND_KINDS, "overlap_compute")]
+    if None in medians:
+        return None
+    idle, busy, compute = medians
+    return float(max(0.0, busy - max(idle, compute)))
+
+
 def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str, source: str, host: str,
                     code_version: str) -> Calibration:
     """Every fit and overhead of a calibration from its samples (FitRefused when some cannot be made)."""
@@ -264,7 +282,8 @@ def fit_calibration(samples: list[Sample], *, topology: str, topology_hash: str,
                           per_step_s=_overhead(samples, "step", "the per-step cost"),
                           per_transfer_s=_overhead(samples, "sendrecv", "the per-transfer cost"),
                           compute_overlap=compute_overlap(samples),
-                          transfer_gap_s=_optional_median(samples, "gap"))
+                          transfer_gap_s=_optional_median(samples, "gap"),
+                          busy_send_s=busy_send_delay(samples))
     return Calibration(topology=topology, topology_hash=topology_hash, source=source, host=host,
                        code_version=code_version, links=links, collectives=collectives, overheads=overheads,
                        samples=tuple(samples))

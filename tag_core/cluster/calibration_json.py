@@ -8,7 +8,7 @@ The file (format "tag-calibration", version 1):
      "links": {"inter": FIT, "intra": FIT, "client": FIT},   (each optional; at least one)
      "collectives": {"allreduce" | "ps" | "broadcast": {"inter" | "intra": {"<group size>": FIT}}},
      "overheads": {"per_op_s", "per_step_s", "per_transfer_s",
-                   "compute_overlap" (optional, 0 to 1), "transfer_gap_s" (optional)},
+                   "compute_overlap" (optional, 0 to 1), "transfer_gap_s", "busy_send_s" (optional)},
      "samples": [{"kind", "link", "group_size", "bytes", "run", "seconds"}, ...]}
 
     FIT = {"latency_s", "gbps", "residual_rms_s", "residual_max_rel", "samples"}
@@ -121,9 +121,12 @@ def parse_terms(terms: Any, where: str) -> tuple[dict[str, Fit], dict[str, dict[
         where = field_path(overheads_path, "compute_overlap")
         require(_is_number(overlap) and 0 <= overlap <= 1, where,
                 f"must be a number from 0 to 1, got {describe(overlap)}")
+    delay = raw.get("busy_send_s")  # 0 when a computing sender kept nothing waiting
     overheads = Overheads(**{key: _seconds(raw[key], field_path(overheads_path, key)) for key in raw
-                             if key != "compute_overlap"},
-                          compute_overlap=None if overlap is None else float(overlap))
+                             if key not in ("compute_overlap", "busy_send_s")},
+                          compute_overlap=None if overlap is None else float(overlap),
+                          busy_send_s=None if delay is None else _bounded_seconds(delay, field_path(overheads_path,
+                                                                                                   "busy_send_s")))
     return links, collectives, overheads
 
 
@@ -194,6 +197,13 @@ def _seconds(value: Any, where: str) -> float:
             f"must be a positive finite number of seconds, got {describe(value)}")
     require(value <= MAX_SECONDS, where, f"must be at most {MAX_SECONDS:g} s, got {value:g}")
     return float(value)
+
+
+def _bounded_seconds(value: Any, where: str) -> float:
+    """Seconds that may be 0."""
+    value = _non_negative(value, where)
+    require(value <= MAX_SECONDS, where, f"must be at most {MAX_SECONDS:g} s, got {value:g}")
+    return value
 
 
 def _non_negative(value: Any, where: str) -> float:

@@ -16,6 +16,8 @@ What is chained is what the emitter emits (tag_core.emit):
                    they are made): what one more transfer adds when the latencies overlap
     overlap_*      a matmul chain on each device of a pair (compute), a 1 MB tensor hopping between them
                    (comm), and both in one step: how much of moving the bytes the compute hides
+    send_*         a 4 KB tensor sent at the start of the step, on which the receiver's matmul chain waits,
+                   the sender idle or running the same chain: how long a computing sender delays a transfer
     feed           a tensor the client feeds to task 0 each step, as it feeds the batch (link "client";
                    not chained: a step is fed once; sizes from 64 KB, where a feed stands out of the noise)
     step           one tiny op per task, raw step times (no base)
@@ -36,6 +38,7 @@ MAX_CHAIN = 32  # small payloads must stand out of the noise of the step around 
 OVERLAP_MATMULS, OVERLAP_SIDE = 600, 64  # the overlap series' compute: 600 chained 64 x 64 matmuls per device
 OVERLAP_HOPS, OVERLAP_BYTES = 8, 2**20  # ... and its transfers: 1 MB hopping 8 times (bytes, not latency)
 OVERLAP_RUNS = 3  # their share is a small difference of three times: more runs
+SEND_BYTES = 4096  # the send series' tensor: latency, not bytes
 GAP_TRANSFERS = 32  # the gap series: this many independent 4 KB tensors cross one link in one step
 FEED_MIN_BYTES = 64 * 2**10
 
@@ -203,19 +206,22 @@ class CalibrationGraph:
         self._add("op", None, (device,), None, [x], length)
 
     def overlap(self, a: str, b: str, link: str) -> None:
-        """Three series on the pair: compute on both, hops between them, and the two at once (independent)."""
+        """Five series on the pair: compute on both, hops between them, the two at once (independent), and a
+        tensor a sends b's compute at the start, a idle or computing too."""
         tf = self.tf
 
+        def matmuls(device: str, after=None):
+            value = self._read(device, OVERLAP_SIDE * OVERLAP_SIDE * 4)
+            with tf.device(device):
+                x = tf.reshape(value, [OVERLAP_SIDE, OVERLAP_SIDE])
+                if after is not None:
+                    x = x + after  # the chain waits for the tensor
+                for _ in range(OVERLAP_MATMULS):
+                    x = tf.linalg.matmul(x, x)
+            return x
+
         def compute() -> list:
-            ends = []
-            for device in (a, b):
-                value = self._read(device, OVERLAP_SIDE * OVERLAP_SIDE * 4)
-                with tf.device(device):
-                    x = tf.reshape(value, [OVERLAP_SIDE, OVERLAP_SIDE])
-                    for _ in range(OVERLAP_MATMULS):
-                        x = tf.linalg.matmul(x, x)
-                ends.append(x)
-            return ends
+            return [matmuls(a), matmuls(b)]
 
         def hops() -> list:
             x = self._read(a, OVERLAP_BYTES)
@@ -224,8 +230,14 @@ class CalibrationGraph:
                     x = tf.raw_ops.Identity(input=x)
             return [x]
 
+        def sent(busy: bool) -> list:
+            with tf.device(b):
+                arrived = tf.math.reduce_sum(tf.raw_ops.Identity(input=self._read(a, SEND_BYTES)))
+            return [matmuls(b, arrived)] + ([matmuls(a)] if busy else [])
+
         for kind, build in (("overlap_compute", compute), ("overlap_comm", hops),
-                            ("overlap_both", lambda: compute() + hops())):
+                            ("overlap_both", lambda: compute() + hops()),
+                            ("send_idle", lambda: sent(False)), ("send_busy", lambda: sent(True))):
             with self.graph.as_default():
                 final = build()
             self._add(kind, link, (a, b), None, final, 1, runs=OVERLAP_RUNS)

@@ -6,6 +6,12 @@ op end is its cumulative duration plus the largest (arrival - when the op could 
 as running maxima in chain order (`ext_*`, one region of `ext_base[k]..` per slot, as long as the arrivals it
 can get). Compiled with numba: at 2048 GPUs a plan has millions of items, a Python loop took seconds.
 The arithmetic is the Python form's, in the same order, so results are bit for bit the same.
+
+A task that is one CPU core serves its transfers from threads that its compute holds off the core at first:
+until a step's compute has run `busy_send` without a break (the calibration's `busy_send_s`), a tensor
+it sends waits. The scheduler lets a thread that woke preempt one only once that one has run a while, and
+a compute thread that slept between steps starts with that while in hand (measured on two local servers:
+a tensor sent at a step's start waited 2.8 ms, one sent in its middle 0.6 ms).
 """
 
 from __future__ import annotations
@@ -17,16 +23,35 @@ TRANSFER, COLLECTIVE, DELIVERY = 0, 1, 2
 
 
 @njit(cache=True, nogil=True)
-def _end_at(cum, base, ext_base, ext_len, ext_idx, ext_val, sl, k):
+def _last_arrival(ext_base, ext_len, ext_idx, sl, k):
+    """Where in slot sl's region the last arrival at or before entry k is (-1: none)."""
     lo, hi = ext_base[sl], ext_base[sl] + ext_len[sl]
-    while lo < hi:  # the last arrival at or before k (bisect_right - 1)
+    while lo < hi:  # bisect_right - 1
         mid = (lo + hi) >> 1
         if ext_idx[mid] <= k:
             lo = mid + 1
         else:
             hi = mid
-    extra = ext_val[lo - 1] if lo > ext_base[sl] else 0.0
-    return cum[base[sl] + k] + extra
+    return lo - 1 if lo > ext_base[sl] else -1
+
+
+@njit(cache=True, nogil=True)
+def _end_at(cum, base, ext_base, ext_len, ext_idx, ext_val, sl, k):
+    j = _last_arrival(ext_base, ext_len, ext_idx, sl, k)
+    return cum[base[sl] + k] + (ext_val[j] if j >= 0 else 0.0)
+
+
+@njit(cache=True, nogil=True)
+def _sender_free(cum, dur, base, lens, ext_base, ext_len, ext_idx, ext_val, sl, k, ready, busy_send):
+    """When a tensor that slot sl's entry k made (k = -1: before the step) can leave: at `ready`, unless sl has
+    computed without a break since the step began and goes on: then once it has computed busy_send (or its
+    chain ends)."""
+    after = k + 1
+    if after >= lens[sl] or _last_arrival(ext_base, ext_len, ext_idx, sl, after) >= 0:
+        return ready  # nothing follows, or the slot has waited for an arrival (its core was free meanwhile)
+    first = base[sl]
+    chain_end = _end_at(cum, base, ext_base, ext_len, ext_idx, ext_val, sl, lens[sl] - 1)
+    return max(ready, min(cum[first] - dur[first] + busy_send, chain_end))
 
 
 @njit(cache=True, nogil=True)
@@ -45,8 +70,8 @@ def _arrive(cum, dur, base, ext_base, ext_len, ext_idx, ext_val, sl, k, when):
 
 
 @njit(cache=True, nogil=True)
-def run_items(cum, dur, base, ext_base, item_kind, item_ref,
-              t_src_slot, t_src_k, t_cons_slot, t_cons_k, t_chan, t_dur, t_busy,
+def run_items(cum, dur, base, lens, ext_base, item_kind, item_ref,
+              t_src_slot, t_src_k, t_cons_slot, t_cons_k, t_chan, t_dur, t_busy, busy_send,
               in_ptr, in_slot, in_k, chan_ptr, chan_ids, coll_dur, held, last_grad,
               d_slot, d_k, d_unit, num_channels):
     """Returns (transfer start, transfer end, collective start, collective end, ext_len, ext_idx, ext_val).
@@ -66,8 +91,11 @@ def run_items(cum, dur, base, ext_base, item_kind, item_ref,
     for i in range(len(item_kind)):
         ref = item_ref[i]
         if item_kind[i] == TRANSFER:
-            k = t_src_k[ref]
-            ready = _end_at(cum, base, ext_base, ext_len, ext_idx, ext_val, t_src_slot[ref], k) if k >= 0 else 0.0
+            k, sl = t_src_k[ref], t_src_slot[ref]
+            ready = _end_at(cum, base, ext_base, ext_len, ext_idx, ext_val, sl, k) if k >= 0 else 0.0
+            if busy_send > 0.0:
+                ready = _sender_free(cum, dur, base, lens, ext_base, ext_len, ext_idx, ext_val, sl, k, ready,
+                                     busy_send)
             ch = t_chan[ref]
             st = ready if ready > chan_free[ch] else chan_free[ch]
             en = st + t_dur[ref]

@@ -143,9 +143,9 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     held &= not s.overlap
     last_grad = _last_gradients(ctx, ch) if held.any() else np.full(S, -1, dtype=np.int64)
     tr_start, tr_end, coll_start, coll_end, ext_len, ext_idx, ext_val = run_items(
-        cum, dur_flat, base, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
+        cum, dur_flat, base, lens, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
         src_slot.astype(np.int64), src_k.astype(np.int64), cons_slot.astype(np.int64), cons_k.astype(np.int64),
-        t_chan.astype(np.int64), tr_dur, held_for,
+        t_chan.astype(np.int64), tr_dur, held_for, float(ctx.comm.busy_send_s),
         _pointers(in_count), in_slot.astype(np.int64), in_k.astype(np.int64), _pointers(chan_count), chan_ids,
         colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
         d_unit.astype(np.int64), num_channels)

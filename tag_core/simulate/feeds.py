@@ -5,7 +5,8 @@ so a step's launch reaches every task that runs an op, and only those. A calibra
 (`CommModel.client_feeds`) also charges the batch the client feeds: the whole batch goes from the
 client's process to the task of each input op (the calibration's "client" link, when it measured one);
 the emitter places each input op whole on the first device of its placement and sends each other replica
-its rows from there, so those bytes cross before that machine's share of the step can start.
+its rows from there, so those bytes cross before that machine's share of the step can start, and leave
+once the first machine's share, which starts with them, lets its threads run (`CommModel.busy_send_s`).
 Uncalibrated, the paper's setting holds: each worker reads its own data.
 """
 
@@ -48,5 +49,6 @@ def feed_time_s(ctx, s: Strategy, p: Placement) -> float:
                 arriving[(first, to)] = arriving.get((first, to), 0.0) + whole * fraction
     if not arriving:
         return fed
-    return fed + max(ctx.comm.inter_latency_s + nbytes / bytes_per_s(ctx.machine_bw[a, b])
-                     for (a, b), nbytes in arriving.items())
+    # The first machine starts its own share as its rows leave: its compute holds them (comm_loop.py).
+    return fed + ctx.comm.busy_send_s + max(ctx.comm.inter_latency_s + nbytes / bytes_per_s(ctx.machine_bw[a, b])
+                                            for (a, b), nbytes in arriving.items())
