@@ -195,12 +195,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _optional_ms(seconds: float | None) -> str:
+    return "not measured" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
 def calibration_lines(c: dict) -> list[str]:
     o = c["overheads"]
     lines = ["## The calibration's terms", "",
              f"Overheads: per op {o['per_op_s'] * 1e6:.2f} us, per step {o['per_step_s'] * 1e3:.3f} ms, per send/recv "
              f"pair {o['per_transfer_s'] * 1e3:.3f} ms; share of transfers the tasks' compute hides: "
-             f"{'not measured' if o.get('compute_overlap') is None else format(o['compute_overlap'], '.0%')}.",
+             f"{'not measured' if o.get('compute_overlap') is None else format(o['compute_overlap'], '.0%')}; "
+             f"each more independent transfer: {_optional_ms(o.get('transfer_gap_s'))}; a sender that has just begun "
+             f"computing holds a transfer: {_optional_ms(o.get('busy_send_s'))}.",
              "", "| fit | latency ms | Gbit/s |", "|---|---|---|"]
     for link, fit in c["links"].items():
         lines.append(f"| p2p {link} | {fit['latency_s'] * 1e3:.3f} | {fit['gbps']:.3g} |")
