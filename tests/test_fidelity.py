@@ -214,3 +214,6 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     with store.connect(read_only=True) as conn:
         rows = store.load_measured_steps(conn, topology="local-2")
     assert sorted(rows.strategy) == ["duplicate", "single"] and (rows.measured_s > 0).all()
+    # The stored rows carry the report's predictions (before and after), not plan.json's from before.
+    reported = {r["strategy"]: r["predicted_s"] for r in report["rows"]}
+    assert {r.strategy: r.predicted_s for r in rows.itertuples()} == pytest.approx(reported)

@@ -126,10 +126,10 @@ def run(args) -> int:
             rows.append(row)
             if folder is not None:
                 folders[name], emissions[name] = folder, emission
-        if folders:
-            _measure(args, rows, folders)
+        stored = _measure(args, rows, folders) if folders else {}
         if folders and args.profile_after:
             _predict_again(rows, emissions, _profile_again(args, own, profiles), comm, uncalibrated)
+        _store(args, rows, stored)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
     report["wall_s"] = time.monotonic() - started
@@ -297,10 +297,11 @@ def graph_facts(graph_def, fetches: list[str]) -> dict:
             "collectives": sum(nodes[name].op.startswith("Collective") for name in step)}
 
 
-def _measure(args, rows: list[dict], folders: dict[str, Path]) -> None:
-    """Time every emitted strategy interleaved; fill in and store the rows."""
+def _measure(args, rows: list[dict], folders: dict[str, Path]) -> dict[str, dict]:
+    """Time every emitted strategy interleaved; fill in the rows. Returns the `measured_steps` row of each
+    strategy timed (stored once the predictions are final: `_store`)."""
     from tag_core.runtime.interleave import measure_interleaved
-    from tag_core.runtime.measure import measured_step_row, save_measured_step
+    from tag_core.runtime.measure import measured_step_row
     from tag_core.runtime.supervisor import check_folder
 
     names = list(folders)
@@ -309,16 +310,28 @@ def _measure(args, rows: list[dict], folders: dict[str, Path]) -> None:
     outcomes = measure_interleaved([folders[n] for n in names], args.steps, args.warmup, args.rounds,
                                    timeout=args.timeout, echo=lambda line: _say(f"  {line}"))
     by_name = {r["strategy"]: r for r in rows}
+    stored = {}
     for name, outcome in zip(names, outcomes):
         row, timing = by_name[name], outcome.timing
         if timing is None:
             row["error"] = outcome.error or "no step was timed"
             continue
-        save_measured_step(measured_step_row(check_folder(folders[name]), timing, strategy=name), args.db)
+        stored[name] = measured_step_row(check_folder(folders[name]), timing, strategy=name)
         row.update(measured_s=timing.median_s, spread_s=timing.spread_s, steps=timing.steps,
                    min_s=min(timing.seconds), max_s=max(timing.seconds))
         _say(f"{name}: measured {timing.median_s * 1e3:.2f} ms (interquartile range {timing.spread_s * 1e3:.2f} ms), "
              f"predicted {row['predicted_s'] * 1e3:.2f} ms")
+    return stored
+
+
+def _store(args, rows: list[dict], stored: dict[str, dict]) -> None:
+    """Each timed strategy's `measured_steps` row, with the prediction the report gives (from the profiles
+    before and after with --profile-after)."""
+    from tag_core.runtime.measure import save_measured_step
+
+    for row in rows:
+        if row["strategy"] in stored:
+            save_measured_step({**stored[row["strategy"]], "predicted_s": row["predicted_s"]}, args.db)
 
 
 def summarise(rows: list[dict], model: str, topology: str, batch: int, calibration: str | None, steps: int,
