@@ -287,7 +287,8 @@ def print_fits(calibration) -> None:
     hidden = "not measured" if o.compute_overlap is None else f"{o.compute_overlap:.0%}"
     print(f"  overheads: per op {_ms(o.per_op_s)}, per step {_ms(o.per_step_s)}, per send/recv pair "
           f"{_ms(o.per_transfer_s)}; transfers that compute hides: {hidden}; each more independent transfer: "
-          f"{_measured_ms(o.transfer_gap_s)}; a computing sender's delay: {_measured_ms(o.busy_send_s)}")
+          f"{_measured_ms(o.transfer_gap_s)}; a sender that has just begun computing holds a transfer: "
+          f"{_measured_ms(o.busy_send_s)}")
     print(f"  {'measured (per transfer, collective, op or step)':<48} {'median':>10} {'min':>10} {'max':>10} runs")
     for row in medians(calibration):
         label = " ".join(str(x) for x in (row["kind"], row["link"]) if x)

@@ -95,7 +95,7 @@ class Overheads:
     # What one more independent transfer adds on a link (None: not measured: a transfer holds its link for
     # all of its time, latency included).
     transfer_gap_s: float | None = None
-    # How long a transfer waits for its sender's core when the sender is computing (None: not measured: no wait).
+    # How long a task that has just begun a step's compute keeps a tensor it sends waiting (None: not measured).
     busy_send_s: float | None = None
 
     def to_dict(self) -> dict:

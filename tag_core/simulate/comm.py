@@ -49,7 +49,7 @@ class CommModel:
     feed_fit: Fit | None = None  # the client's feed to task 0, when the calibration measured it
     compute_overlap: float = 1.0  # share of communication that compute hides (simulate/comm_cpu.py)
     transfer_gap_s: float | None = None  # a link's time between independent transfers (None: their whole time)
-    busy_send_s: float = 0.0  # how long a computing sender keeps a transfer waiting (simulate/comm_loop.py)
+    busy_send_s: float = 0.0  # how long a step's compute, just begun, holds what its task sends (comm_loop.py)
 
     @classmethod
     def from_calibration(cls, calibration: Calibration) -> CommModel:
