@@ -25,6 +25,7 @@ from tag_core.cluster import recorded_topology
 from tag_core.fusion import FusionPlan
 from tag_core.gnn.prior import pipeline_prior, sized_prior
 from tag_core.plan import DEFAULT_ITERATIONS, make_groups, markdown_table, plan
+from tag_core.plan.measured_error import measured_error
 from tag_core.report import markdown_image, plan_pictures
 from tag_core.search import DEFAULT_GROUPS, Budget, OpGroups
 from tag_core.simulate.comm import comm_for
@@ -104,6 +105,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
             previous = store.latest_plan(conn, spec.name, topology_key) if config.warm_start else None
             fusion = store.load_fusion_plan(conn, spec.name, graph.content_hash())
             comm, uncalibrated = comm_for(conn, topology)
+            error = measured_error(conn, topology, comm.calibration_hash)
         groups = None
         if stored_groups is not None and stored_groups["graph_hash"] == graph.content_hash():
             groups = OpGroups.from_json(stored_groups["groups"])
@@ -118,7 +120,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
                       fusion=FusionPlan.from_json(fusion) if fusion else None,
                       prior=prior.prior, lineage={"warm_start_from": previous[0] if previous else None,
                                                   **prior.lineage()},
-                      comm=comm, uncalibrated_because=uncalibrated)
+                      comm=comm, uncalibrated_because=uncalibrated, measured_error=error)
         data = result.to_dict()
         plan_id = uuid.uuid4().hex[:16]
         with open_store(duckdb) as conn:

@@ -113,14 +113,16 @@ def run(args) -> int:
                                             "here, on CPU tasks: use the topology `tag calibrate --local N` writes")
     spec = resolve_model(args.model, args.batch_size, args.model_timeout)
     batch = spec.batch_size
-    own, graph, profiles, comm, uncalibrated = _inputs(args, spec, topology)
+    own, graph, profiles, comm, uncalibrated, error = _inputs(args, spec, topology)
     if uncalibrated:
         _say(f"warning: predictions without a calibration: {uncalibrated}")
+    if error is not None and "tag" in args.strategies:
+        _say(f"the TAG plan stays on one device unless it beats it by more than {error.describe()}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tag-fidelity-") as work:
         rows, folders, emissions = [], {}, {}
         for i, name in enumerate(args.strategies, 1):
-            row, folder, emission = _prepare(spec, topology, profiles, comm, uncalibrated, name,
+            row, folder, emission = _prepare(spec, topology, profiles, comm, uncalibrated, error, name,
                                              args.budget_iterations, f"[{i}/{len(args.strategies)}] {name}",
                                              Path(work) / name)
             rows.append(row)
@@ -142,10 +144,11 @@ def run(args) -> int:
 
 def _inputs(args, spec, topology):
     """The model at its own batch (as captured), its graph, op profiles (profiling the batches the strategies
-    use when missing) and the communication model of the topology's calibration."""
+    use when missing), the communication model of the topology's calibration and its measured error."""
     from tag_core import store
     from tag_core.capture.models import resolve_model
     from tag_core.capture.steps import ensure_captured
+    from tag_core.plan.measured_error import measured_error
     from tag_core.plan.planner import profile_batch_sizes
     from tag_core.profile.profiler import profile_model
     from tag_core.simulate.comm import comm_for
@@ -165,9 +168,10 @@ def _inputs(args, spec, topology):
             profile_model(conn, own, missing, runs=5, warmup=2, show_progress=False)
             profiles = store.load_profiles(conn, own.name)
         comm, uncalibrated = comm_for(conn, topology)
+        error = measured_error(conn, topology, comm.calibration_hash)
     finally:
         conn.close()
-    return own, graph, profiles, comm, uncalibrated
+    return own, graph, profiles, comm, uncalibrated, error
 
 
 def _profile_again(args, own, before):
@@ -199,8 +203,9 @@ def _predict_again(rows: list[dict], emissions: dict, profiles, comm, uncalibrat
             row.update(_prediction_fields(predicted))
 
 
-def build_strategy(name: str, sim, profiles, budget_iterations: int):
-    """The strategy `name` on the simulator's graph and topology (see --strategies)."""
+def build_strategy(name: str, sim, profiles, budget_iterations: int, measured_error=None):
+    """The strategy `name` on the simulator's graph and topology (see --strategies); the TAG plan weighs
+    `measured_error` (tag_core.plan.measured_error)."""
     from tag_core.search.strategy_files import load_strategy
 
     if name == "mixed":
@@ -210,7 +215,7 @@ def build_strategy(name: str, sim, profiles, budget_iterations: int):
         from tag_core.search.mcts import Budget
 
         planned = plan(sim.graph, sim.topology, profiles, batch_size=sim.batch, budget=Budget(iterations=budget_iterations),
-                       comm=sim.comm, sfb=False)  # the emitter builds no SFB: plan what will run
+                       comm=sim.comm, sfb=False, measured_error=measured_error)  # no SFB: the emitter builds none
         strategy = planned.strategy
         strategy.name = "tag"
         return strategy
@@ -232,7 +237,7 @@ def mixed_strategy(sim, profiles):
     return Strategy(groups.assignment, np.array(chosen, dtype=bool), options, np.ones(sim.num_devices), name="mixed")
 
 
-def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_iterations: int, label: str,
+def _prepare(spec, topology, profiles, comm, uncalibrated, error, name: str, budget_iterations: int, label: str,
              folder: Path) -> tuple[dict, Path | None, Emission | None]:
     """Build, predict and emit one strategy: its row, its folder and its emission (None, None when it could not
     be emitted)."""
@@ -247,7 +252,7 @@ def _prepare(spec, topology, profiles, comm, uncalibrated, name: str, budget_ite
     def build(graph, topo):
         _say(f"{label}: {'searching a plan' if name == 'tag' else 'building the strategy'}")
         sim = Simulator(graph, topo, profiles, batch_size=spec.batch_size, comm=comm)
-        return build_strategy(name, sim, profiles, budget_iterations)
+        return build_strategy(name, sim, profiles, budget_iterations, error)
 
     try:
         _say(f"{label}: emitting")

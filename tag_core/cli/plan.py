@@ -72,6 +72,7 @@ def run(args) -> int:
     from tag_core.errors import TagInputError
     from tag_core.files import output_file, write_atomically
     from tag_core.gnn.prior import choose_prior
+    from tag_core.plan.measured_error import measured_error
     from tag_core.plan.planner import DEFAULT_ITERATIONS, plan, profile_batch_sizes
     from tag_core.plan.warm_start import warm_start_problem
     from tag_core.profile.profiler import profile_model
@@ -99,6 +100,7 @@ def run(args) -> int:
         profile_hash = store.profile_set_hash(conn, spec.name)
         fusion = _fusion_plan(conn, spec, graph) if args.fusion else None
         comm, uncalibrated = comm_for(conn, topology)
+        error = measured_error(conn, topology, comm.calibration_hash)
     finally:
         conn.close()
     if prior is None:  # after capture and profiling (a model failing them never imports torch and dgl), store closed
@@ -113,7 +115,7 @@ def run(args) -> int:
                   seed=args.seed, warm_start=warm, profile_hash=profile_hash, show_progress=True, prior=prior.prior,
                   lineage={"warm_start_from": args.warm_start if warm is not None else None, **prior.lineage()},
                   fusion=fusion, sfb=not args.no_sfb, sfb_time_limit_s=args.sfb_time_limit, comm=comm,
-                  uncalibrated_because=uncalibrated)
+                  uncalibrated_because=uncalibrated, measured_error=error)
     data = result.to_dict()
     kept_in = _save(args, data)
     if args.out and not kept_in:  # after the store: a failed insert leaves the old file

@@ -25,7 +25,8 @@ Steps:
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 8. One device: when the fastest single device that fits is no slower than the plan, as it may be for a
-   tiny model on loopback, the plan is `single` and says why (the honest answer).
+   tiny model on loopback, the plan is `single` and says why (the honest answer). With `measured_error`
+   (plan/measured_error.py), also when the plan is predicted faster by no more than that error.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
 from .deadline import Deadline
+from .measured_error import MeasuredError
 from .progress import search_progress, spinner
 from .sfb_step import default_candidates, sfb_candidates
 from .warm_start import warm_start_actions
@@ -217,12 +219,14 @@ def plan(
     sfb_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     comm: CommModel | None = None,
     uncalibrated_because: str | None = None,
+    measured_error: MeasuredError | None = None,
 ) -> Plan:
     """Search a plan for `graph` on `topology`; see the module docstring for the steps.
 
     With `fusion`, every op time (TAG's and the baselines') is the fused cost. With a calibrated `comm`,
     communication costs what the calibration measured, and the plan also reports its time under the
-    defaults; without one, `uncalibrated_because` says why (it goes into the plan JSON).
+    defaults; without one, `uncalibrated_because` says why (it goes into the plan JSON). `measured_error`: how
+    far predictions were from measured steps on this topology (step 8).
     """
     budget = budget or Budget(iterations=DEFAULT_ITERATIONS)
     start = time.perf_counter()
@@ -276,7 +280,7 @@ def plan(
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
-    one_device = _one_device_instead(sim, final, dp)
+    one_device = _one_device_instead(sim, final, dp, measured_error)
     if one_device is not None:
         strategy, final = one_device.pop("strategy"), one_device.pop("result")
     if sim.comm.calibrated:
@@ -285,6 +289,8 @@ def plan(
                        "uncalibrated_time_s": float(defaults.run(strategy).iteration_time_s)}
     else:
         calibration = {"applied": False, "why": uncalibrated_because or "none given: the cost model's defaults"}
+    if measured_error is not None:
+        calibration["measured_error"] = measured_error.to_dict()
     times = {k: float(r.iteration_time_s) for k, r in base.items()}
     times["mcmc"] = mcmc.time_s
     oom = {k: bool(r.oom) for k, r in base.items()}
@@ -314,20 +320,25 @@ def _unmoved(ev: Evaluator, start: np.ndarray) -> SearchResult:
                         first_better_than_dp_iteration=None)
 
 
-def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult) -> dict[str, Any] | None:
-    """Step 8: `single` with why, when one device is no slower than the plan `best` (None otherwise)."""
+def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult,
+                        measured: MeasuredError | None) -> dict[str, Any] | None:
+    """Step 8: `single` with why, when one device is no slower than the plan `best`, or, with a `measured` error,
+    when `best` is predicted faster by no more than that error (None otherwise)."""
     strategy = single(sim)
     result = sim.run(strategy)
-    if result.oom or (result.iteration_time_s > best.iteration_time_s and not best.oom):
+    alone, margin = result.iteration_time_s, measured.median_abs_error if measured is not None else 0.0
+    if result.oom or (not best.oom and best.iteration_time_s < alone * (1 - margin)):
         return None
     device = int(strategy.extra["device"])
     model = "calibrated" if sim.comm.calibrated else "default"
     why = (f"no distributed strategy beats one device under the {model} cost model: the search's best "
            f"{best.iteration_time_s * 1e3:.3g} ms{' (out of memory)' if best.oom else ''}, DP-NCCL "
            f"{dp.iteration_time_s * 1e3:.3g} ms, device {device} ({sim.dev_gpu[device].name}) alone "
-           f"{result.iteration_time_s * 1e3:.3g} ms")
+           f"{alone * 1e3:.3g} ms")
+    if not best.oom and best.iteration_time_s < alone:
+        why += f"; the best is {1 - best.iteration_time_s / alone:.0%} faster, within {measured.describe()}"
     strategy.extra["machines"] = [m.name for m in sim.topology.machines]
-    return {"strategy": strategy, "result": result, "iteration_time_s": float(result.iteration_time_s),
+    return {"strategy": strategy, "result": result, "iteration_time_s": float(alone),
             "device": device, "why": why}
 
 

@@ -32,6 +32,7 @@ from .measurements import (
     list_calibrations,
     load_calibration,
     load_measured_steps,
+    prediction_errors,
     save_calibration,
     save_measured_step,
 )
@@ -60,7 +61,8 @@ from .schema import SCHEMA, SCHEMA_VERSION
 
 __all__ = [
     "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
-    "list_calibrations", "load_calibration", "load_measured_steps", "save_calibration", "save_measured_step",
+    "list_calibrations", "load_calibration", "load_measured_steps", "prediction_errors", "save_calibration",
+    "save_measured_step",
     "CONNECT_CONFIG", "StoreBusy", "has_plan", "save_plan_with_snapshot", "store_wait_s", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
     "captured_model", "connect", "current_plans", "default_database", "ensure_schema", "latest_plan",
     "latest_topology_snapshot", "list_captured_models", "load_fusion_plan", "load_op_groups", "load_plans",

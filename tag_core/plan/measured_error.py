@@ -1,0 +1,45 @@
+"""How far the cost model's predictions were from measured steps on a topology, and what the planner makes of it.
+
+Every `tag run --measure` and `tag fidelity` stores a measured step beside its prediction (`measured_steps`).
+Their median |error| on one topology snapshot, under the calibration the planner uses now, is what a
+prediction there is worth: a distributed plan predicted to beat one device by less than that margin may well
+lose in reality (on two local TF servers the errors ran to 15-30% and such plans measured slower than one
+device). So the planner keeps a distributed plan only when it is predicted faster than one device by more
+than the margin (planner step 8); with fewer than MIN_STEPS measured steps there is no margin.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from tag_core.cluster.topology import Topology
+
+MIN_STEPS = 3  # fewer measured steps say too little about the model's error to overrule it
+
+
+@dataclass(frozen=True)
+class MeasuredError:
+    median_abs_error: float  # median |predicted - measured| / measured
+    steps: int  # measured steps it is the median of
+    calibration_hash: str | None  # the calibration their predictions used (None: the defaults)
+
+    def describe(self) -> str:
+        model = f"calibration {self.calibration_hash}" if self.calibration_hash else "the default cost model"
+        return (f"the cost model's measured error on this topology, median |error| {self.median_abs_error:.0%} over "
+                f"{self.steps} measured steps ({model})")
+
+    def to_dict(self) -> dict:
+        return {"median_abs_error": self.median_abs_error, "steps": self.steps,
+                "calibration_hash": self.calibration_hash}
+
+
+def measured_error(conn, topology: Topology, calibration_hash: str | None) -> MeasuredError | None:
+    """The cost model's measured error on this snapshot of `topology` under `calibration_hash`; None with fewer
+    than MIN_STEPS measured steps."""
+    from tag_core import store
+
+    errors = store.prediction_errors(conn, topology.name, topology.content_hash(), calibration_hash)
+    if len(errors) < MIN_STEPS:
+        return None
+    return MeasuredError(float(statistics.median(abs(e) for e in errors)), len(errors), calibration_hash)
