@@ -181,6 +181,7 @@ def markdown(report: dict) -> str:
                   "Terms: the prediction's busiest device (compute) and its communication by kind (ms, charged one "
                   "at a time per link); emitted: ops per task, tensors and control edges crossing tasks, "
                   "collective ops.", "",
+                  *_weighed(m.get("measured_error")),
                   "| strategy | predicted ms | measured ms | IQR ms | error | terms (ms) | emitted |",
                   "|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
@@ -193,6 +194,15 @@ def markdown(report: dict) -> str:
                          f"{_ms(r['spread_s'])} | {error} | {terms} | {emitted} |")
     lines += ["", *calibration_lines(c), *probe_lines(report.get("probes"))]
     return "\n".join(lines) + "\n"
+
+
+def _weighed(error: dict | None) -> list[str]:
+    """What the TAG row's search weighed: the error of the steps measured before it in this run."""
+    if not error:
+        return []
+    return [f"The TAG plan kept a distributed strategy only if predicted faster than one device by more than the "
+            f"median |error| of the {error['steps']} steps measured before it on this cluster: "
+            f"{error['median_abs_error']:.0%}.", ""]
 
 
 def _optional_ms(seconds: float | None) -> str:

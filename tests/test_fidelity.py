@@ -210,6 +210,7 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert "profiling" in captured.err and "again at batch sizes" in captured.err
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
+    assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing
     assert "[2/2] duplicate: emitting" in captured.err and "measuring 2 strategies interleaved" in captured.err
     with store.connect(read_only=True) as conn:
         rows = store.load_measured_steps(conn, topology="local-2")

@@ -134,6 +134,7 @@ def run(args) -> int:
         _store(args, rows, stored)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
+    report["measured_error"] = error.to_dict() if error is not None else None  # what the TAG row's search weighed
     report["wall_s"] = time.monotonic() - started
     if args.json:
         print_json(report)
