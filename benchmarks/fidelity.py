@@ -84,7 +84,8 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or None
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
-                         "shared with other jobs", "commit": commit, "tasks": args.tasks, "steps": args.steps, "rounds": args.rounds,
+                         "shared with other jobs", "commit": commit, "tasks": args.tasks, "steps": args.steps,
+              "rounds": args.rounds,
               "calibration": {**json.loads(calibration["out"]), "wall_s": calibration["wall_s"],
                               "peak_rss_mib": calibration["peak_rss_mib"]},
               "models": []}
@@ -150,7 +151,8 @@ def markdown(report: dict) -> str:
     c = report["calibration"]
     lines = ["# Distributed fidelity: predicted against measured step times", "",
              f"Written by `python benchmarks/fidelity.py` (raw figures in `benchmarks/fidelity_distributed.json`) "
-             f"at commit {report.get('commit') or 'unknown'}. Machine: {report['machine']}. Cluster: `tag calibrate --local {report['tasks']}` ({report['tasks']} "
+             f"at commit {report.get('commit') or 'unknown'}. Machine: {report['machine']}. Cluster: `tag calibrate "
+             f"--local {report['tasks']}` ({report['tasks']} "
              f"TF server processes on 127.0.0.1, each pinned to its own core with one thread), calibration "
              f"{c['calibration_hash']} in {c['wall_s']:.0f} s (peak RSS {c['peak_rss_mib']:.0f} MiB).",
              "",

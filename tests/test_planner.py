@@ -378,13 +378,17 @@ def test_tag_plan_stays_on_one_device_when_the_measured_error_outweighs_the_gain
     _, db, topo_file, _, _ = planned
     copy = tmp_path / "tag.duckdb"
     copy.write_bytes(db.read_bytes())
+    args = ["--db", str(copy), "plan", MODEL, "--topology", str(topo_file), "--budget-iterations", "3", "--groups", "4",
+            "--batch-size", "8", "--no-sfb", "--prior", "uniform", "--json"]
+    assert main(args) == 0
+    unweighed = json.loads(capsys.readouterr().out)
+    assert unweighed["strategy"]["name"] != "single" and "measured_error" not in unweighed["calibration"]
     with store.connect(copy) as conn:  # three steps measured at a tenth of their predictions
         for strategy in ("single", "dp-nccl", "tag"):
             store.save_measured_step(conn, {"model": MODEL, "topology": "tiny", "strategy": strategy, "steps": 10,
                                             "topology_hash": load_topology(topo_file).content_hash(),
                                             "predicted_s": 0.01, "measured_s": 0.1})
-    assert main(["--db", str(copy), "plan", MODEL, "--topology", str(topo_file), "--budget-iterations", "3",
-                 "--groups", "4", "--batch-size", "8", "--no-sfb", "--prior", "uniform", "--json"]) == 0
+    assert main(args) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["calibration"]["measured_error"] == {"median_abs_error": pytest.approx(0.9), "steps": 3,
                                                      "calibration_hash": None}
