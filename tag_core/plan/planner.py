@@ -48,7 +48,7 @@ from tag_core.cluster.topology import Topology
 from tag_core.errors import TagInputError
 from tag_core.fusion.cost import FusedComputeModel
 from tag_core.fusion.patterns import FusionPlan
-from tag_core.search.baselines import HOROVOD_FUSION_BYTES, device_speed, run_baselines, single
+from tag_core.search.baselines import HOROVOD_FUSION_BYTES, device_speed, run_baselines
 from tag_core.search.grouping import DEFAULT_GROUPS, OpGroups, group_ops
 from tag_core.search.mcmc import mcmc_search
 from tag_core.search.mcts import (
@@ -64,12 +64,12 @@ from tag_core.search.mcts import (
 )
 from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S
 from tag_core.simulate.comm import CommModel
-from tag_core.simulate.result import SimResult
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
 from .deadline import Deadline
 from .measured_error import MeasuredError
+from .one_device import one_device_instead
 from .progress import search_progress, spinner
 from .sfb_step import default_candidates, sfb_candidates
 from .warm_start import warm_start_actions
@@ -280,7 +280,7 @@ def plan(
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
-    one_device = _one_device_instead(sim, final, dp, measured_error)
+    one_device = one_device_instead(sim, final, dp, measured_error)
     if one_device is not None:
         strategy, final = one_device.pop("strategy"), one_device.pop("result")
     if sim.comm.calibrated:
@@ -318,28 +318,6 @@ def _unmoved(ev: Evaluator, start: np.ndarray) -> SearchResult:
     score = ev.score(start)
     return SearchResult(start, score.time_s, score.oom, iterations=0, simulations=0, wall_s=0.0,
                         first_better_than_dp_iteration=None)
-
-
-def _one_device_instead(sim: Simulator, best: SimResult, dp: SimResult,
-                        measured: MeasuredError | None) -> dict[str, Any] | None:
-    """Step 8: `single` with why, when one device is no slower than the plan `best`, or, with a `measured` error,
-    when `best` is predicted faster by no more than that error (None otherwise)."""
-    strategy = single(sim)
-    result = sim.run(strategy)
-    alone, margin = result.iteration_time_s, measured.median_abs_error if measured is not None else 0.0
-    if result.oom or (not best.oom and best.iteration_time_s < alone * (1 - margin)):
-        return None
-    device = int(strategy.extra["device"])
-    model = "calibrated" if sim.comm.calibrated else "default"
-    why = (f"no distributed strategy beats one device under the {model} cost model: the search's best "
-           f"{best.iteration_time_s * 1e3:.3g} ms{' (out of memory)' if best.oom else ''}, DP-NCCL "
-           f"{dp.iteration_time_s * 1e3:.3g} ms, device {device} ({sim.dev_gpu[device].name}) alone "
-           f"{alone * 1e3:.3g} ms")
-    if not best.oom and best.iteration_time_s < alone:
-        why += f"; the best is {1 - best.iteration_time_s / alone:.0%} faster, within {measured.describe()}"
-    strategy.extra["machines"] = [m.name for m in sim.topology.machines]
-    return {"strategy": strategy, "result": result, "iteration_time_s": float(alone),
-            "device": device, "why": why}
 
 
 def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray,
