@@ -10,12 +10,25 @@ than the margin (planner step 8); with fewer than MIN_STEPS measured steps there
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from tag_core.cluster.topology import Topology
 
 MIN_STEPS = 3  # fewer measured steps say too little about the model's error to overrule it
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: negative when the prediction is low."""
+    return (predicted - measured) / measured
+
+
+def median_abs_error(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """The median |relative error| over (predicted, measured) pairs, None when there are none."""
+    errors = [abs(relative_error(p, m)) for p, m in pairs]
+    return float(np.median(errors)) if errors else None
 
 
 @dataclass(frozen=True)
@@ -39,7 +52,7 @@ def measured_error(conn, topology: Topology, calibration_hash: str | None) -> Me
     than MIN_STEPS measured steps."""
     from tag_core import store
 
-    errors = store.prediction_errors(conn, topology.name, topology.content_hash(), calibration_hash)
-    if len(errors) < MIN_STEPS:
+    pairs = store.predicted_and_measured(conn, topology.name, topology.content_hash(), calibration_hash)
+    if len(pairs) < MIN_STEPS:
         return None
-    return MeasuredError(float(statistics.median(abs(e) for e in errors)), len(errors), calibration_hash)
+    return MeasuredError(median_abs_error(pairs), len(pairs), calibration_hash)

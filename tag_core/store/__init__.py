@@ -32,7 +32,7 @@ from .measurements import (
     list_calibrations,
     load_calibration,
     load_measured_steps,
-    prediction_errors,
+    predicted_and_measured,
     save_calibration,
     save_measured_step,
 )
@@ -61,7 +61,7 @@ from .schema import SCHEMA, SCHEMA_VERSION
 
 __all__ = [
     "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
-    "list_calibrations", "load_calibration", "load_measured_steps", "prediction_errors", "save_calibration",
+    "list_calibrations", "load_calibration", "load_measured_steps", "predicted_and_measured", "save_calibration",
     "save_measured_step",
     "CONNECT_CONFIG", "StoreBusy", "has_plan", "save_plan_with_snapshot", "store_wait_s", "PLAN_COLUMNS", "PROFILE_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "SFB_COLUMNS",
     "captured_model", "connect", "current_plans", "default_database", "ensure_schema", "latest_plan",

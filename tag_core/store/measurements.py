@@ -87,11 +87,11 @@ def load_measured_steps(conn, model: str | None = None, topology: str | None = N
                         "ORDER BY measured_at DESC", params).df()
 
 
-def prediction_errors(conn, topology: str, topology_hash: str, calibration_hash: str | None) -> list[float]:
-    """(predicted - measured) / measured of every measured step of this topology snapshot whose prediction came
-    from this calibration (None: the defaults), newest first."""
-    rows = conn.execute("SELECT (predicted_s - measured_s) / measured_s FROM measured_steps WHERE topology = ? "
-                        "AND topology_hash = ? AND calibration_hash IS NOT DISTINCT FROM ? AND measured_s > 0 "
-                        "AND predicted_s IS NOT NULL AND isfinite(predicted_s) ORDER BY measured_at DESC",
+def predicted_and_measured(conn, topology: str, topology_hash: str,
+                           calibration_hash: str | None) -> list[tuple[float, float]]:
+    """(predicted_s, measured_s) of every measured step of this topology snapshot whose prediction came from this
+    calibration (None: the defaults), newest first."""
+    return conn.execute("SELECT predicted_s, measured_s FROM measured_steps WHERE topology = ? AND topology_hash = ? "
+                        "AND calibration_hash IS NOT DISTINCT FROM ? AND measured_s > 0 AND predicted_s IS NOT NULL "
+                        "AND isfinite(predicted_s) ORDER BY measured_at DESC",
                         [topology, topology_hash, calibration_hash]).fetchall()
-    return [float(r[0]) for r in rows]
