@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .units import SPLIT
+from .units import SINGLE, SPLIT
 
 
 @dataclass
@@ -32,13 +32,15 @@ class Chains:
         return np.split(values, self.base[1:]) if len(self.base) else []
 
 
-def build_chains(ctx, p, s, slots, on: np.ndarray, order: np.ndarray, cidx: np.ndarray) -> Chains:
-    """Fills `cidx[k, op]` with the op's position in slot k's chain."""
+def build_chains(ctx, p, s, slots, order: np.ndarray, cidx: np.ndarray) -> Chains:
+    """Fills `cidx[k, op]` with the op's position in slot k's chain. A slot runs its groups' ops that are not
+    single-device, and the single-device ops on its device."""
     S, G = len(slots.dev), s.num_groups
     # One time table per distinct (GPU type, batch): a slot's split ops use its share of their group's batch.
     gpu = ctx.dev_gpu_id[slots.dev]
+    active = np.ascontiguousarray(p.group_active[:, slots.dev].T)  # (S, G)
     # (S, G); a group the slot is not in reads the full-batch table (never used: batch 0 would cost a table)
-    split_batch = np.where(p.group_active[:, slots.dev].T, ctx.batch * p.group_share[:, slots.dev].T, float(ctx.batch))
+    split_batch = np.where(active, ctx.batch * p.group_share[:, slots.dev].T, float(ctx.batch))
     keys = np.concatenate([np.column_stack([np.repeat(gpu, G), split_batch.ravel()]),
                            np.column_stack([gpu, np.full(S, float(ctx.batch))])])
     distinct, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
@@ -47,35 +49,70 @@ def build_chains(ctx, p, s, slots, on: np.ndarray, order: np.ndarray, cidx: np.n
     tables = np.stack([ctx.compute.times(ctx.dev_gpu[int(d)], float(b)) for d, b in zip(owner, distinct[:, 1])])
     table_split = inverse[:S * G].reshape(S, G).astype(np.int64)
     table_full = inverse[S * G:].astype(np.int64)
-    base, lens, ops, table, dur, cum = _build(order.astype(np.int64), on, p.kind == SPLIT, s.op_groups, table_split,
-                                              table_full, tables, cidx)
+    # Slots in the same groups with the same tables share their chain but for their single-device ops (PS
+    # updates, model-parallel parts): the shared part is listed once per such template, then merged.
+    _, template_slot, template_of = np.unique(np.column_stack([active, table_split, table_full]), axis=0,
+                                              return_index=True, return_inverse=True)
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[order] = np.arange(len(order))
+    single = p.kind == SINGLE
+    single_ops = np.flatnonzero(single)
+    single_slot = slots.of_dev[p.single_dev[single_ops]]
+    by = np.lexsort((pos[single_ops], single_slot))
+    single_ops = single_ops[by]
+    single_ptr = np.concatenate([[0], np.cumsum(np.bincount(single_slot, minlength=S))]).astype(np.int64)
+    base, lens, ops, table, dur, cum = _build(order.astype(np.int64), pos, single, p.kind == SPLIT, s.op_groups,
+                                              template_slot.astype(np.int64), template_of.reshape(-1).astype(np.int64),
+                                              active, table_split, table_full, tables, single_ops, single_ptr, cidx)
     return Chains(base, lens, ops, dur, cum, table, distinct[:, 1].copy())
 
 
 @njit(cache=True, nogil=True)
-def _build(order, on, split, group, table_split, table_full, tables, cidx):
-    S, n = on.shape[0], len(order)
-    lens = np.zeros(S, dtype=np.int64)
-    for k in range(S):
+def _build(order, pos, single, split, group, template_slot, template_of, active, table_split, table_full, tables,
+           single_ops, single_ptr, cidx):
+    T, S = len(template_slot), len(template_of)
+    t_len = np.zeros(T, dtype=np.int64)
+    for t in range(T):
+        k = template_slot[t]
         for op in order:
-            if on[k, op]:
-                lens[k] += 1
+            if not single[op] and active[k, group[op]]:
+                t_len[t] += 1
+    t_base = np.zeros(T + 1, dtype=np.int64)
+    for t in range(T):
+        t_base[t + 1] = t_base[t] + t_len[t]
+    t_ops = np.empty(t_base[T], dtype=np.int64)
+    for t in range(T):
+        k, w = template_slot[t], t_base[t]
+        for op in order:
+            if not single[op] and active[k, group[op]]:
+                t_ops[w] = op
+                w += 1
+    lens = np.zeros(S, dtype=np.int64)
     base = np.zeros(S, dtype=np.int64)
-    for k in range(1, S):
-        base[k] = base[k - 1] + lens[k - 1]
+    for k in range(S):
+        lens[k] = t_len[template_of[k]] + single_ptr[k + 1] - single_ptr[k]
+        if k:
+            base[k] = base[k - 1] + lens[k - 1]
     total = base[S - 1] + lens[S - 1] if S else 0
     ops = np.empty(total, dtype=np.int32)
     table = np.empty(total, dtype=np.int32)
     dur, cum = np.empty(total), np.empty(total)
-    for k in range(S):
+    for k in range(S):  # the template's ops and the slot's single-device ops, merged in execution order
+        a, a_end = t_base[template_of[k]], t_base[template_of[k] + 1]
+        j, j_end = single_ptr[k], single_ptr[k + 1]
         w, running = base[k], 0.0
-        for i in range(n):
-            op = order[i]
-            if on[k, op]:
+        while a < a_end or j < j_end:
+            if j >= j_end or (a < a_end and pos[t_ops[a]] < pos[single_ops[j]]):
+                op = t_ops[a]
+                a += 1
                 t = table_split[k, group[op]] if split[op] else table_full[k]
-                ops[w], table[w], dur[w] = op, t, tables[t, op]
-                running += dur[w]  # as np.cumsum adds: in order
-                cum[w] = running
-                cidx[k, op] = w - base[k]
-                w += 1
+            else:
+                op = single_ops[j]
+                j += 1
+                t = table_full[k]
+            ops[w], table[w], dur[w] = op, t, tables[t, op]
+            running += dur[w]  # as np.cumsum adds: in order
+            cum[w] = running
+            cidx[k, op] = w - base[k]
+            w += 1
     return base, lens, ops, table, dur, cum
