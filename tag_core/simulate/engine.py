@@ -129,7 +129,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     held_for = tr_dur if gap is None else gap + moving  # how long each transfer holds its channel
 
     # When each channel the step uses is next free, numbered compactly (4096 machines have 8M channels).
-    t_chan, coll_chans = _compact_channels(t.channel, colls.channels)
+    t_chan, coll_chans = _compact_channels(t.channel, colls.channels, ctx.num_channels)
     num_channels = 1 + max([int(t_chan.max()) if n_t else -1] + [int(c.max()) for c in coll_chans if len(c)])
     cum, dur_flat = ch.cum, ch.dur
     # Room for every arrival a slot can get: one per transfer into it and per delivery to it.
@@ -160,17 +160,20 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
                     cons_slot, coll_start, coll_end, iteration, t, weight, landing)
 
 
-def _compact_channels(tr_chan: np.ndarray, coll_chans: list) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Channel ids renumbered 0..k-1 over the channels this step uses: the transfers' and, per collective, an
-    index array. Units of one group share their channel tuple (one object), so each distinct tuple is mapped
-    once."""
-    distinct = {id(c): c for c in coll_chans}
-    parts = [np.asarray(tr_chan, dtype=np.int64)] + [np.asarray(c, dtype=np.int64) for c in distinct.values()]
-    used, inverse = np.unique(np.concatenate(parts), return_inverse=True)
-    inverse = inverse.reshape(-1)
-    bounds = np.cumsum([len(x) for x in parts])
-    mapped = dict(zip(distinct, np.split(inverse[bounds[0]:], bounds[1:-1] - bounds[0])))
-    return inverse[:bounds[0]], [mapped[id(c)] for c in coll_chans]
+def _compact_channels(tr_chan: np.ndarray, coll_chans: list, total: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Channel ids (of `total`) renumbered 0..k-1 over the channels this step uses, in id order: the transfers'
+    and, per collective, an index array. Units of one group share their channel tuple (one object), so each
+    distinct tuple is mapped once. A mark per channel id, not a sort: a PS on thousands of GPUs has millions
+    of transfers."""
+    distinct = {id(c): np.asarray(c, dtype=np.int64) for c in coll_chans}
+    tr_chan = np.asarray(tr_chan, dtype=np.int64)
+    used = np.zeros(total, dtype=bool)
+    used[tr_chan] = True
+    for c in distinct.values():
+        used[c] = True
+    rank = np.cumsum(used, dtype=np.int32 if total < 2**31 else np.int64) - 1
+    mapped = {key: rank[c] for key, c in distinct.items()}
+    return rank[tr_chan], [mapped[id(c)] for c in coll_chans]
 
 
 def _execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:
