@@ -180,8 +180,9 @@ def test_the_peak_memory_sweep_matches_sorting_every_event():
         t_size = rng.integers(0, 5, t_ptr[-1]).astype(float) * 1e6
         t_freed_by = np.concatenate([rng.integers(-1, n, k) for n, k in zip(lens, received)]).astype(np.int64)
         args = (base, lens.astype(np.int64), start, free, size, t_ptr, t_alloc, t_free, t_size)
-        got = memory._sweep(base, lens.astype(np.int64), dur, start + dur, free, freed_by, size, t_ptr, t_alloc, t_free,
-                            t_freed_by, t_size)
+        got = np.zeros(len(lens))
+        memory._sweep(0, len(lens), got, base, lens.astype(np.int64), dur, start + dur, free, freed_by, size, t_ptr,
+                      t_alloc, t_free, t_freed_by, t_size)
         assert np.allclose(got, _peaks_by_sorting_events(*args), rtol=1e-12), trial
 
 
@@ -197,3 +198,23 @@ def test_peak_memory_of_many_slots_is_the_flat_simulation_s():
         assert collapsed.simulated_slots > 2 and every.simulated_slots > collapsed.simulated_slots
         assert every.iteration_time_s == pytest.approx(collapsed.iteration_time_s, rel=1e-12)
         assert np.allclose(every.peak_memory_bytes, collapsed.peak_memory_bytes, rtol=1e-12)
+
+
+def test_slot_kernels_in_threads_give_what_one_thread_gives(monkeypatch):
+    from tag_core.simulate import parallel
+
+    ev = _evaluator(_cluster(9))
+    allreduce = ev.space.all_machines
+    ps, model_parallel = allreduce + OPTIONS.index("ps"), allreduce + MODEL_PARALLEL  # many slots each
+    plans = [ev.strategy(a) for a in (np.array([allreduce, model_parallel]), np.array([ps, allreduce]))]
+    monkeypatch.setattr(parallel, "MAX_THREADS", 1)
+    alone = [ev.sim.run(s) for s in plans]
+    monkeypatch.setattr(parallel, "MAX_THREADS", 3)
+    monkeypatch.setattr(parallel, "MIN_ENTRIES", 0)
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 3)
+    assert len(parallel.slot_ranges(np.array([5, 1, 7, 2]))) == 3
+    for one, threaded in zip(alone, (ev.sim.run(s) for s in plans)):
+        assert threaded.simulated_slots > 2
+        assert threaded.iteration_time_s == one.iteration_time_s
+        assert np.array_equal(threaded.peak_memory_bytes, one.peak_memory_bytes)
+        assert np.array_equal(threaded.op_end_s, one.op_end_s)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from .parallel import over_slots
 from .units import SINGLE, SPLIT
 
 
@@ -61,25 +62,29 @@ def build_chains(ctx, p, s, slots, order: np.ndarray, cidx: np.ndarray) -> Chain
     by = np.lexsort((pos[single_ops], single_slot))
     single_ops = single_ops[by]
     single_ptr = np.concatenate([[0], np.cumsum(np.bincount(single_slot, minlength=S))]).astype(np.int64)
-    base, lens, ops, table, dur, cum = _build(order.astype(np.int64), pos, single, p.kind == SPLIT, s.op_groups,
-                                              template_slot.astype(np.int64), template_of.reshape(-1).astype(np.int64),
-                                              active, table_split, table_full, tables, single_ops, single_ptr, cidx)
+    t_base, t_ops = _templates(order.astype(np.int64), single, s.op_groups, template_slot.astype(np.int64), active)
+    template_of = template_of.reshape(-1).astype(np.int64)
+    lens = np.diff(t_base)[template_of] + np.diff(single_ptr)
+    base = (np.cumsum(lens) - lens).astype(np.int64)
+    total = int(lens.sum())
+    ops, table = np.empty(total, dtype=np.int32), np.empty(total, dtype=np.int32)
+    dur, cum = np.empty(total), np.empty(total)
+    over_slots(_merge, lens, template_of, t_base, t_ops, single_ops, single_ptr, pos, p.kind == SPLIT, s.op_groups,
+               table_split, table_full, tables, base, ops, table, dur, cum, cidx)
     return Chains(base, lens, ops, dur, cum, table, distinct[:, 1].copy())
 
 
 @njit(cache=True, nogil=True)
-def _build(order, pos, single, split, group, template_slot, template_of, active, table_split, table_full, tables,
-           single_ops, single_ptr, cidx):
-    T, S = len(template_slot), len(template_of)
-    t_len = np.zeros(T, dtype=np.int64)
-    for t in range(T):
-        k = template_slot[t]
-        for op in order:
-            if not single[op] and active[k, group[op]]:
-                t_len[t] += 1
+def _templates(order, single, group, template_slot, active):
+    """Each template's ops that are not single-device, in execution order (flat, from t_base[t])."""
+    T = len(template_slot)
     t_base = np.zeros(T + 1, dtype=np.int64)
     for t in range(T):
-        t_base[t + 1] = t_base[t] + t_len[t]
+        k = template_slot[t]
+        t_base[t + 1] = t_base[t]
+        for op in order:
+            if not single[op] and active[k, group[op]]:
+                t_base[t + 1] += 1
     t_ops = np.empty(t_base[T], dtype=np.int64)
     for t in range(T):
         k, w = template_slot[t], t_base[t]
@@ -87,17 +92,14 @@ def _build(order, pos, single, split, group, template_slot, template_of, active,
             if not single[op] and active[k, group[op]]:
                 t_ops[w] = op
                 w += 1
-    lens = np.zeros(S, dtype=np.int64)
-    base = np.zeros(S, dtype=np.int64)
-    for k in range(S):
-        lens[k] = t_len[template_of[k]] + single_ptr[k + 1] - single_ptr[k]
-        if k:
-            base[k] = base[k - 1] + lens[k - 1]
-    total = base[S - 1] + lens[S - 1] if S else 0
-    ops = np.empty(total, dtype=np.int32)
-    table = np.empty(total, dtype=np.int32)
-    dur, cum = np.empty(total), np.empty(total)
-    for k in range(S):  # the template's ops and the slot's single-device ops, merged in execution order
+    return t_base, t_ops
+
+
+@njit(cache=True, nogil=True)
+def _merge(first, stop, template_of, t_base, t_ops, single_ops, single_ptr, pos, split, group, table_split, table_full,
+           tables, base, ops, table, dur, cum, cidx):
+    """Slots first..stop-1: the template's ops and the slot's single-device ops, merged in execution order."""
+    for k in range(first, stop):
         a, a_end = t_base[template_of[k]], t_base[template_of[k] + 1]
         j, j_end = single_ptr[k], single_ptr[k + 1]
         w, running = base[k], 0.0
@@ -115,4 +117,3 @@ def _build(order, pos, single, split, group, template_slot, template_of, active,
             cum[w] = running
             cidx[k, op] = w - base[k]
             w += 1
-    return base, lens, ops, table, dur, cum

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .parallel import over_slots
+
 
 def op_times(n: int, sched, iteration: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(earliest start, latest end, longest idle gap after) of every op over the slots that run it."""
@@ -52,7 +54,7 @@ def slot_peaks(ctx, sched) -> np.ndarray:
     free = sched.end.copy()
     freed_by = np.full(len(free), -1, dtype=np.int64)  # the chain entry whose end frees it (-1: none)
     base = ch.base
-    _local_frees(free, freed_by, sched.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers hold it
+    over_slots(_local_frees, ch.lens, free, freed_by, sched.end, base, cidx, ctx.e_src, ctx.e_dst)  # local consumers
     n_t = len(t.cons_op)
     t_ptr = np.zeros(S + 1, dtype=np.int64)
     t_alloc = t_free = t_size = np.zeros(0)
@@ -67,7 +69,9 @@ def slot_peaks(ctx, sched) -> np.ndarray:
         t_freed_by = cidx[t_cons, t.cons_op[by_slot]].astype(np.int64)
         t_free = sched.end[base[t_cons] + t_freed_by]
         t_size = (t.nbytes * sched.tr_landing)[by_slot]
-    peak = _sweep(base, ch.lens, ch.dur, sched.end, free, freed_by, size, t_ptr, t_alloc, t_free, t_freed_by, t_size)
+    peak = np.zeros(S)
+    over_slots(_sweep, ch.lens, peak, base, ch.lens, ch.dur, sched.end, free, freed_by, size, t_ptr, t_alloc, t_free,
+               t_freed_by, t_size)
     return static + np.where(ch.lens == 0, 0.0, peak)
 
 
@@ -82,9 +86,10 @@ def _sizes(ops, table, scale, act_bytes, batch_scaled):
 
 
 @njit(cache=True, nogil=True)
-def _local_frees(free, freed_by, end, base, cidx, e_src, e_dst):
-    """An activation is freed no earlier than the end of each consumer on its slot; freed_by: the last one."""
-    for sl in range(cidx.shape[0]):
+def _local_frees(first, stop, free, freed_by, end, base, cidx, e_src, e_dst):
+    """An activation is freed no earlier than the end of each consumer on its slot; freed_by: the last one.
+    Slots first..stop-1."""
+    for sl in range(first, stop):
         row, b = cidx[sl], base[sl]
         for e in range(len(e_src)):
             ks, kd = row[e_src[e]], row[e_dst[e]]
@@ -104,16 +109,14 @@ def _transfer_frees(free, freed_by, base, cidx, src_slot, src_op, end):
 
 
 @njit(cache=True, nogil=True)
-def _sweep(base, lens, dur, end, free, freed_by, size, t_ptr, t_alloc, t_free, t_freed_by, t_size):
-    """Per slot, the most bytes live just after an allocation. A slot's chain allocates in time order (it runs
+def _sweep(first, stop, peak, base, lens, dur, end, free, freed_by, size, t_ptr, t_alloc, t_free, t_freed_by, t_size):
+    """Into peak[first:stop], per slot, the most bytes live just after an allocation . A slot's chain allocates in time order (it runs
     one op at a time); its received buffers are merged in. Each free is subtracted just before the first
     allocation at or after it (frees first at one instant), found by galloping: from the start of the chain
     entry whose end frees the buffer, when that start is earlier than the free (a forward activation waits
     for the backward pass, thousands of entries on), else from the buffer's own allocation. Only the
     received buffers are sorted."""
-    S = len(base)
-    peak = np.zeros(S)
-    for sl in range(S):
+    for sl in range(first, stop):
         b, n = base[sl], lens[sl]
         t0, m = t_ptr[sl], t_ptr[sl + 1] - t_ptr[sl]
         order = np.argsort(t_alloc[t0:t0 + m], kind="mergesort") + t0
@@ -143,7 +146,6 @@ def _sweep(base, lens, dur, end, free, freed_by, size, t_ptr, t_alloc, t_free, t
             if amount[w] > 0 and live > best:
                 best = live
         peak[sl] = best
-    return peak
 
 
 @njit(cache=True, nogil=True)
