@@ -111,11 +111,11 @@ def _transfer_frees(free, freed_by, base, cidx, src_slot, src_op, end):
 @njit(cache=True, nogil=True)
 def _sweep(first, stop, peak, base, lens, dur, end, free, freed_by, size, t_ptr, t_alloc, t_free, t_freed_by, t_size):
     """Into peak[first:stop], per slot, the most bytes live just after an allocation. A slot's chain allocates
-    in time order (it runs one op at a time); its received buffers are merged in. Each free is subtracted just before the first
-    allocation at or after it (frees first at one instant), found by galloping: from the start of the chain
-    entry whose end frees the buffer, when that start is earlier than the free (a forward activation waits
-    for the backward pass, thousands of entries on), else from the buffer's own allocation. Only the
-    received buffers are sorted."""
+    in time order (it runs one op at a time); its received buffers are merged in. Each free is subtracted just
+    before the first allocation at or after it (frees first at one instant), found by galloping: from the start
+    of the chain entry whose end frees the buffer, when that start is earlier than the free (a forward
+    activation waits for the backward pass, thousands of entries on), else from the buffer's own allocation.
+    Only the received buffers are sorted."""
     for sl in range(first, stop):
         b, n = base[sl], lens[sl]
         t0, m = t_ptr[sl], t_ptr[sl + 1] - t_ptr[sl]
