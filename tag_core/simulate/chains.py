@@ -1,9 +1,10 @@
-"""Every slot's chain of ops, with durations and cumulative durations, built in one compiled pass.
+"""Every slot's chain of ops, with durations and cumulative durations, built by compiled passes.
 
 A slot runs the ops it holds in the global priority order; each op takes its time on the slot's GPU at the
 batch it processes (the slot's share of the batch for a split op, the whole batch otherwise). Plans with
 model-parallel parts or parameter servers on hundreds of devices have hundreds of slots of tens of
-thousands of ops: a numpy pass per slot cost more than the rest of the schedule.
+thousands of ops, and most of those slots differ only in their few single-device ops: the shared part is
+listed once per template, and each slot's chain merges it with its own (in threads: parallel.py).
 """
 
 from __future__ import annotations
