@@ -218,3 +218,27 @@ def test_slot_kernels_in_threads_give_what_one_thread_gives(monkeypatch):
         assert threaded.iteration_time_s == one.iteration_time_s
         assert np.array_equal(threaded.peak_memory_bytes, one.peak_memory_bytes)
         assert np.array_equal(threaded.op_end_s, one.op_end_s)
+
+
+def test_each_slot_s_chain_is_what_it_runs_in_execution_order(monkeypatch):
+    """Chains come from shared templates merged with each slot's single-device ops (PS updates at the end,
+    model-parallel parts in between): each must be the slot's ops, in order, with running sums of durations."""
+    import tag_core.simulate.simulator as simulator_module
+    from tag_core.simulate.engine import schedule
+
+    ev = _evaluator(_cluster(9))
+    allreduce = ev.space.all_machines
+    ps, model_parallel = allreduce + OPTIONS.index("ps"), allreduce + MODEL_PARALLEL
+    seen = []
+    monkeypatch.setattr(simulator_module, "schedule", lambda *a, **k: seen.append(schedule(*a, **k)) or seen[-1])
+    for actions in ([allreduce, model_parallel], [ps, allreduce], [ps, model_parallel]):
+        ev.sim.run(ev.strategy(np.array(actions)))
+        sched = seen[-1]
+        ch, order = sched.chains, ev.sim.order
+        assert len(ch.lens) > 2
+        for k, (ops, dur, end) in enumerate(zip(ch.per_slot(ch.ops), ch.per_slot(ch.dur), ch.per_slot(sched.end))):
+            expected = order[sched.on[k, order]]
+            assert np.array_equal(ops, expected), (actions, k)
+            assert np.array_equal(sched.cidx[k, ops], np.arange(len(ops)))
+            assert (sched.cidx[k] >= 0).sum() == len(ops)
+            assert np.all(dur > 0) and np.all(np.diff(end) >= dur[1:] - 1e-12)  # one op at a time, in chain order
