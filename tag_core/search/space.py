@@ -17,6 +17,7 @@ import numpy as np
 
 from tag_core.capture.graph import Edge, OpGraph
 from tag_core.cluster.classes import class_mask, machine_classes
+from tag_core.simulate.memory import group_makespans
 from tag_core.simulate.result import SimResult
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
@@ -257,11 +258,7 @@ class Evaluator:
         """The result with per-group figures for the planner's op groups (the strategy merges
         groups that share an action; a prior hook wants one row per op group)."""
         g, G = self.groups.assignment, self.groups.num_groups
-        start = np.full(G, np.inf)
-        end = np.zeros(G)
-        np.minimum.at(start, g, result.op_start_s)
-        np.maximum.at(end, g, result.op_end_s)
-        makespan = np.where(np.isinf(start), 0.0, end - np.where(np.isinf(start), 0.0, start))
+        makespan = group_makespans(g, G, result.op_start_s, result.op_end_s)
         idle = np.bincount(g, weights=result.op_idle_after_s, minlength=G)
         return replace(result, group_makespan_s=makespan, group_idle_after_s=idle)
 

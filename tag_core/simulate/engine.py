@@ -97,16 +97,20 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
         # consumer needs the arrival (the slot runs everything after it later anyway).
         big = np.iinfo(np.int64).max
         k_in = cidx[:, colls.inp_op]  # (S, inputs)
-        last = np.full((S, U), -1, dtype=np.int64)
-        np.maximum.at(last, (np.repeat(np.arange(S), len(colls.inp_op)), np.tile(colls.inp_unit, S)), k_in.ravel())
+        # Flat (slot * U + unit) indices: ufunc.at takes a fast path for one index array, not for a tuple.
+        slot_row = np.arange(S, dtype=np.int64)[:, None] * U
+        last = np.full(S * U, -1, dtype=np.int64)
+        np.maximum.at(last, (slot_row + colls.inp_unit[None, :]).ravel(), k_in.ravel())
+        last = last.reshape(S, U)
         in_slot, in_unit = np.nonzero(last >= 0)
         by_unit = np.argsort(in_unit, kind="stable")
         in_slot, in_k = in_slot[by_unit], last[in_slot[by_unit], in_unit[by_unit]]
         in_count = np.bincount(in_unit, minlength=U)
         k_cons = cidx[:, colls.cons_op].astype(np.int64)
         k_cons = np.where(k_cons >= 0, k_cons, big)
-        first = np.full((S, U), big, dtype=np.int64)
-        np.minimum.at(first, (np.repeat(np.arange(S), len(colls.cons_op)), np.tile(colls.cons_unit, S)), k_cons.ravel())
+        first = np.full(S * U, big, dtype=np.int64)
+        np.minimum.at(first, (slot_row + colls.cons_unit[None, :]).ravel(), k_cons.ravel())
+        first = first.reshape(S, U)
         d_slot, d_unit = np.nonzero(first < big)
         d_k = first[d_slot, d_unit]
         d_pos = pos[ops_flat[base[d_slot] + d_k]]

@@ -1,4 +1,4 @@
-"""Per-slot figures from a schedule, vectorised over slots: op start/end/idle and peak memory.
+"""Per-slot figures from a schedule, vectorised over slots: op start/end/idle, group makespans and peak memory.
 
 A plan that places model-parallel parts or parameter servers on hundreds of devices has hundreds of
 slots of tens of thousands of ops each: the peak-memory sweep loops over them compiled (numba), without
@@ -34,6 +34,26 @@ def _op_times(n, ops, dur, end, base, lens, iteration):
         if op_start[op] == np.inf:
             op_start[op] = 0.0
     return op_start, op_end, op_idle
+
+
+def group_makespans(groups: np.ndarray, num_groups: int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per group, its ops' latest end less their earliest start (0 for a group without ops). Compiled:
+    `np.minimum.at` takes a millisecond on an 18k-op graph in one group."""
+    return _makespans(np.asarray(groups, dtype=np.int64), int(num_groups), start, end)
+
+
+@njit(cache=True, nogil=True)
+def _makespans(groups, G, start, end):
+    lo, hi = np.full(G, np.inf), np.zeros(G)
+    for i in range(len(groups)):
+        g = groups[i]
+        lo[g] = min(lo[g], start[i])
+        hi[g] = max(hi[g], end[i])
+    out = np.zeros(G)
+    for g in range(G):
+        if lo[g] != np.inf:
+            out[g] = hi[g] - lo[g]
+    return out
 
 
 def slot_peaks(ctx, sched) -> np.ndarray:

@@ -27,7 +27,7 @@ from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
 from .expand import concat_collectives, concat_transfers, edge_transfers, gradient_collectives, place, ps_pulls
 from .feeds import client_cost_s
-from .memory import op_times, slot_peaks
+from .memory import group_makespans, op_times, slot_peaks
 from .result import SimResult, Timeline
 from .statistics import statistic_collectives
 from .strategy import Strategy
@@ -215,11 +215,7 @@ class Simulator:
         op_start, op_end, op_idle = op_times(self.n, sched, T)
         peak = slot_peaks(self, sched)
         G = s.num_groups
-        g_start = np.full(G, np.inf)
-        g_end = np.zeros(G)
-        np.minimum.at(g_start, s.op_groups, op_start)
-        np.maximum.at(g_end, s.op_groups, op_end)
-        makespan = np.where(np.isinf(g_start), 0.0, g_end - np.where(np.isinf(g_start), 0.0, g_start))
+        makespan = group_makespans(s.op_groups, G, op_start, op_end)
         group_idle = np.bincount(s.op_groups, weights=op_idle, minlength=G)
         of = slots.of_dev
         peak_d = peak[of]
