@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from tag_core.plan.measured_error import relative_error
-
 if TYPE_CHECKING:
     from tag_core.cluster.topology import Topology
 
@@ -206,6 +204,17 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     dx, dy = rx - rx.mean(), ry - ry.mean()
     norm = math.sqrt(float(dx @ dx) * float(dy @ dy))
     return None if norm == 0 else float(dx @ dy) / norm
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: negative when the prediction is low."""
+    return (predicted - measured) / measured
+
+
+def median_abs_error(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """The median |relative error| over (predicted, measured) pairs, None when there are none."""
+    errors = [abs(relative_error(p, m)) for p, m in pairs]
+    return float(np.median(errors)) if errors else None
 
 
 def tag_against_best(rows: Sequence[dict], name: str = "tag") -> dict[str, Any] | None:
