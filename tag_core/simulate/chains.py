@@ -34,9 +34,9 @@ class Chains:
         return np.split(values, self.base[1:]) if len(self.base) else []
 
 
-def build_chains(ctx, p, s, slots, order: np.ndarray, cidx: np.ndarray) -> Chains:
-    """Fills `cidx[k, op]` with the op's position in slot k's chain. A slot runs its groups' ops that are not
-    single-device, and the single-device ops on its device."""
+def build_chains(ctx, p, s, slots, order: np.ndarray, pos: np.ndarray, cidx: np.ndarray) -> Chains:
+    """Fills `cidx[k, op]` with the op's position in slot k's chain (`pos`: each op's place in `order`). A slot
+    runs its groups' ops that are not single-device, and the single-device ops on its device."""
     S, G = len(slots.dev), s.num_groups
     # One time table per distinct (GPU type, batch): a slot's split ops use its share of their group's batch.
     gpu = ctx.dev_gpu_id[slots.dev]
@@ -55,8 +55,6 @@ def build_chains(ctx, p, s, slots, order: np.ndarray, cidx: np.ndarray) -> Chain
     # updates, model-parallel parts): the shared part is listed once per such template, then merged.
     _, template_slot, template_of = np.unique(np.column_stack([active, table_split, table_full]), axis=0,
                                               return_index=True, return_inverse=True)
-    pos = np.empty(len(order), dtype=np.int64)
-    pos[order] = np.arange(len(order))
     single = p.kind == SINGLE
     single_ops = np.flatnonzero(single)
     single_slot = slots.of_dev[p.single_dev[single_ops]]

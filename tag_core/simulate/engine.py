@@ -75,7 +75,7 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     order, pos = _execution_order(ctx, s)
     # (slots, ops) int32: a plan over 2048 slots of an 18k-op graph would hold 300 MB in int64.
     cidx = np.full((S, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
-    ch = build_chains(ctx, p, s, slots, order, cidx)
+    ch = build_chains(ctx, p, s, slots, order, pos, cidx)
 
     # ---- communication items, in the order of their consumers ----
     tr_dur = transfer_durations(ctx, t)
