@@ -133,7 +133,8 @@ def say(text: str) -> None:
 
 def _before_only(rows: list[dict]) -> str:
     """Spearman and median |error| of the predictions from the profile before the measurement alone."""
-    from tag_core.runtime.measure import median_abs_error, spearman
+    from tag_core.plan.measured_error import median_abs_error
+    from tag_core.runtime.measure import spearman
 
     done = [(r["predicted_before_s"], r["measured_s"]) for r in rows
             if r.get("predicted_before_s") is not None and r["measured_s"] is not None]

@@ -17,9 +17,10 @@ from tag_core.capture import resolve_model
 from tag_core.cli import main
 from tag_core.cluster import parse_topology
 from tag_core.emit import emit, write_emission
+from tag_core.plan.measured_error import median_abs_error
 from tag_core.runtime import run_emitted
 from tag_core.runtime.local_cluster import pinnable_cores
-from tag_core.runtime.measure import StepTiming, average_ranks, median_abs_error, spearman, tag_against_best
+from tag_core.runtime.measure import StepTiming, average_ranks, spearman, tag_against_best
 
 MLP = "mlp[features=12,hidden=16]"
 BATCH = 8

@@ -343,7 +343,8 @@ def _store(args, rows: list[dict], stored: dict[str, dict]) -> None:
 def summarise(rows: list[dict], model: str, topology: str, batch: int, calibration: str | None, steps: int,
               warmup: int) -> dict:
     """The report: rows with their errors, Spearman's rank correlation, median |error|, TAG against the best."""
-    from tag_core.runtime.measure import SPREAD, median_abs_error, relative_error, spearman, tag_against_best
+    from tag_core.plan.measured_error import median_abs_error, relative_error
+    from tag_core.runtime.measure import SPREAD, spearman, tag_against_best
 
     done = [r for r in rows if r["measured_s"] is not None and r["predicted_s"] is not None]
     for r in done:

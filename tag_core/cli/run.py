@@ -67,7 +67,8 @@ def _summary(result) -> dict:
 
 
 def _measure(args, plan: dict) -> int:
-    from tag_core.runtime.measure import measure_emitted, measured_step_row, relative_error, save_measured_step
+    from tag_core.plan.measured_error import relative_error
+    from tag_core.runtime.measure import measure_emitted, measured_step_row, save_measured_step
 
     from ._common import open_store
 

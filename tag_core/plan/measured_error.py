@@ -11,11 +11,24 @@ than the margin (planner step 8); with fewer than MIN_STEPS measured steps there
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from tag_core.cluster.topology import Topology
-from tag_core.runtime.measure import median_abs_error
 
 MIN_STEPS = 3  # fewer measured steps say too little about the model's error to overrule it
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: negative when the prediction is low."""
+    return (predicted - measured) / measured
+
+
+def median_abs_error(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """The median |relative error| over (predicted, measured) pairs, None when there are none."""
+    errors = [abs(relative_error(p, m)) for p, m in pairs]
+    return float(np.median(errors)) if errors else None
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,8 @@ class MeasuredStep:
 
 def step_error(row: dict[str, Any]) -> float | None:
     """A `measured_steps` row's relative error (predicted - measured) / measured; None without a prediction."""
+    from tag_core.plan.measured_error import relative_error  # here: tag_core.plan loads the planner and numba
+
     predicted, measured = row.get("predicted_s"), row.get("measured_s")
     if predicted is None or measured is None or not math.isfinite(predicted) or not measured > 0:  # NaN: none
         return None
@@ -204,17 +206,6 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     dx, dy = rx - rx.mean(), ry - ry.mean()
     norm = math.sqrt(float(dx @ dx) * float(dy @ dy))
     return None if norm == 0 else float(dx @ dy) / norm
-
-
-def relative_error(predicted: float, measured: float) -> float:
-    """(predicted - measured) / measured: negative when the prediction is low."""
-    return (predicted - measured) / measured
-
-
-def median_abs_error(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """The median |relative error| over (predicted, measured) pairs, None when there are none."""
-    errors = [abs(relative_error(p, m)) for p, m in pairs]
-    return float(np.median(errors)) if errors else None
 
 
 def tag_against_best(rows: Sequence[dict], name: str = "tag") -> dict[str, Any] | None:
