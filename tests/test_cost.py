@@ -153,6 +153,28 @@ def test_overhead_is_per_node_not_per_sample_and_never_makes_an_op_negative():
     assert net.times(cpu, 4)[mm] == 0.0 and net.times(cpu, 8)[mm] == pytest.approx(1e-6)
 
 
+def test_ops_add_up_to_the_measured_step_at_each_profiled_batch():
+    """Tracing slowed the kernels at batch 8 more than the executor spends around them: the overhead there is
+    negative, and spread per node it lands on the batch-free ops (read0, apply0), whose median over the batches
+    would take it to batch 4 as well, and on mm0, which the clamp holds at 0. Each batch's profiled ops still
+    add up to that batch's step, kernel plus overhead (4: 40 + 3 + 10 + 2 = 55 us; 8: -10 + 1 + 6 + 107 = 104)."""
+    g = train_graph()
+    cpu = CATALOG["cpu"]
+    runs = lambda t, o: [(t, o)] * 3  # noqa: E731
+    model = ComputeModel(g, _with_overhead(g, "cpu", {
+        4: {"mm0": runs(40, 0), "read0": runs(3, 0), "apply0": runs(10, 2), "loss": runs(0, 0)},
+        8: {"mm0": runs(80, -90), "read0": runs(3, -2), "apply0": runs(10, -4), "loss": runs(107, 0)},
+    }))
+    profiled = [g.index[name] for name in ("mm0", "read0", "apply0", "loss")]
+    at = lambda b: model.times(cpu, b)[profiled]  # noqa: E731
+    assert at(4).sum() == pytest.approx(55e-6)  # smoothed and clamped alone: 40 + 2 + 9 + 0 = 51
+    assert at(8).sum() == pytest.approx(104e-6)  # alone: 0 + 2 + 9 + 107
+    assert at(6).sum() == pytest.approx(79.5e-6)  # between two profiled batches: between their steps
+    assert (at(4) >= 0).all() and (at(8) >= 0).all()
+    # The shape within a step is the smoothed one: the batch-free ops cost the same share at both batches.
+    assert at(4)[1] / at(4)[2] == pytest.approx(at(8)[1] / at(8)[2])
+
+
 def test_other_device_types_scale_the_kernels_without_the_cpu_executors_overhead():
     g = train_graph()
     mm = g.index["mm0"]

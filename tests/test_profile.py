@@ -187,8 +187,11 @@ def test_the_cost_model_adds_the_measured_overhead_per_op(profiled):
         at = medians.xs(batch, level="batch_size").reindex(names)
         kernel = at.time_us.where(model.batch_scaled, flat.time_us)
         overhead = at.overhead_us.where(model.batch_scaled, flat.overhead_us)
-        expected = (kernel + overhead).clip(lower=0).to_numpy() * 1e-6
+        expected = (kernel + overhead).clip(lower=0).to_numpy()
+        # ... and the ops are scaled to add up to the step the profile measured at that batch.
+        expected *= run_step[batch] * 1e-6 / expected.sum()
         assert model.times(CATALOG["cpu"], batch) == pytest.approx(expected, abs=1e-12)
+        assert model.times(CATALOG["cpu"], batch).sum() == pytest.approx(run_step[batch] * 1e-6, rel=1e-9)
     # Without the overhead the same profile gives the kernels alone, floored at 1 µs as before.
     kernels = ComputeModel(graph, frame.drop(columns="overhead_us")).times(CATALOG["cpu"], 4)
     with_overhead = model.times(CATALOG["cpu"], 4)
