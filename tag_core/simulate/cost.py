@@ -324,8 +324,8 @@ class ComputeModel:
             ops = np.maximum(kernel + overhead, 0.0)
             # The measured step: each op's own curve, neither clamped nor smoothed over batches.
             step = (self._interpolate(table, table.times, batch, smooth=False)
-                    + self._interpolate(table, table.overhead, batch, per_sample=False, smooth=False))[table.measured].sum()
-            total = ops[table.measured].sum()
+                    + self._interpolate(table, table.overhead, batch, per_sample=False, smooth=False))
+            step, total = step[table.measured].sum(), ops[table.measured].sum()
             return ops * (step / total) if step > 0 and total > 0 else ops
         return np.maximum(kernel, floor)
 
