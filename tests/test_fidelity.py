@@ -209,6 +209,10 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
         assert row["predicted_s"] > 0 and row["measured_s"] > 0 and row["spread_s"] >= 0 and row["steps"] == 4
         assert row["predicted_before_s"] > 0  # the prediction from the profile before; predicted_s: before and after
     assert "profiling" in captured.err and "again at batch sizes" in captured.err
+    # Profiled again between the two rounds, while the measurement waited, and after it.
+    err = captured.err
+    assert err.index("round 1 of 2") < err.index("after round 1") < err.index("round 2 of 2") < err.index(
+        "after the measurement")
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing

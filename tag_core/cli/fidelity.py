@@ -6,14 +6,16 @@ single-core TF server process per task, interleaved so that a change in the mach
 strategy alike: after warm-up, each round runs every graph for one untimed and its share of the timed
 steps. The median step time, its interquartile range and the prediction go into `measured_steps` under
 the strategy's name. The order of the strategies predicted against measured gives Spearman's rank
-correlation. With --profile-after the model is profiled again once the measurement ends, and the report
-predicts from both profiles, before and after (on a shared machine a step's speed can move by half within
-a minute: a profile on one side of the measurement alone may catch another speed than the rounds did);
-each row keeps its prediction from before as predicted_before_s.
+correlation. With --profile-after the model is profiled again after each round, while the servers idle,
+and the report predicts from every profile, the one before and those between and after the rounds (on a
+shared machine a step's speed can move by half within a minute: a profile on one side of the measurement
+alone may catch another speed than the rounds did); each row keeps its prediction from before as
+predicted_before_s.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 import time
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 DEFAULT_STRATEGIES = ("single", "dp-nccl", "dp-nccl-p", "horovod", "ps", "model_parallel", "duplicate", "mixed", "tag")
 EXTRA = ("mixed", "tag")  # not names `tag simulate` knows: built here
 MIXED_GROUPS = 8
+PROFILE_RUNS = 5  # recorded runs of a profile; with --profile-after, spread over the rounds' profiles
 
 
 def register(subparsers) -> None:
@@ -61,8 +64,9 @@ def register(subparsers) -> None:
     parser.add_argument("--timeout", type=positive_float, default=1800.0,
                         help="seconds the measurement of every strategy may take before it is stopped (default 1800)")
     parser.add_argument("--profile-after", action="store_true",
-                        help="profile the model again after the measurement and predict from the profiles before "
-                             "and after it (the report keeps the predictions from before as predicted_before_s)")
+                        help="profile the model again after each round of the measurement and predict from every "
+                             "profile, before and after the rounds (the report keeps the predictions from before "
+                             "as predicted_before_s)")
     add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
@@ -128,9 +132,11 @@ def run(args) -> int:
             rows.append(row)
             if folder is not None:
                 folders[name], emissions[name] = folder, emission
-        stored = _measure(args, rows, folders) if folders else {}
-        if folders and args.profile_after:
-            _predict_again(rows, emissions, _profile_again(args, own, profiles), comm, uncalibrated)
+        again = Reprofile(args, own, profiles) if folders and args.profile_after else None
+        stored = _measure(args, rows, folders, again) if folders else {}
+        if again is not None:
+            again()
+            _predict_again(rows, emissions, again.profiles, comm, uncalibrated)
         _store(args, rows, stored)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
@@ -166,7 +172,7 @@ def _inputs(args, spec, topology):
         missing = [b for b in profile_batch_sizes(spec.batch_size, topology) if b not in have]
         if missing:
             _say(f"profiling {own.name} at batch sizes {missing}")
-            profile_model(conn, own, missing, runs=5, warmup=2, show_progress=False)
+            profile_model(conn, own, missing, runs=PROFILE_RUNS, warmup=2, show_progress=False)
             profiles = store.load_profiles(conn, own.name)
         comm, uncalibrated = comm_for(conn, topology)
         error = measured_error(conn, topology, comm.calibration_hash)
@@ -175,23 +181,32 @@ def _inputs(args, spec, topology):
     return own, graph, profiles, comm, uncalibrated, error
 
 
-def _profile_again(args, own, before):
-    """The profile rows of before and of a new profile of the same batch sizes (its runs numbered on)."""
-    import pandas as pd
+class Reprofile:
+    """The profile rows of before and of a new profile of the same batch sizes after each round (its runs
+    numbered on): called between the rounds of the measurement and once after it."""
 
-    from tag_core.profile.profiler import profile_model
+    def __init__(self, args, own, before):
+        self.args, self.own, self.profiles = args, own, before
+        self.sizes = sorted(int(b) for b in before.batch_size.unique())
+        self.runs = max(1, math.ceil(PROFILE_RUNS / args.rounds))
 
-    from ._common import open_store
+    def __call__(self, round_index: int | None = None) -> None:
+        import pandas as pd
 
-    sizes = sorted(int(b) for b in before.batch_size.unique())
-    _say(f"profiling {own.name} again at batch sizes {sizes}, after the measurement")
-    conn = open_store(args)
-    try:
-        after = profile_model(conn, own, sizes, runs=5, warmup=2, show_progress=False)
-    finally:
-        conn.close()
-    after = after.assign(run=after.run + int(before.run.max()) + 1)[list(before.columns)]
-    return pd.concat([before, after], ignore_index=True)
+        from tag_core.profile.profiler import profile_model
+
+        from ._common import open_store
+
+        when = "after the measurement" if round_index is None else f"after round {round_index + 1}"
+        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, {when}")
+        conn = open_store(self.args)
+        try:
+            after = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
+        finally:
+            conn.close()
+        before = self.profiles
+        after = after.assign(run=after.run + int(before.run.max()) + 1)[list(before.columns)]
+        self.profiles = pd.concat([before, after], ignore_index=True)
 
 
 def _predict_again(rows: list[dict], emissions: dict, profiles, comm, uncalibrated) -> None:
@@ -303,9 +318,9 @@ def graph_facts(graph_def, fetches: list[str]) -> dict:
             "collectives": sum(nodes[name].op.startswith("Collective") for name in step)}
 
 
-def _measure(args, rows: list[dict], folders: dict[str, Path]) -> dict[str, dict]:
-    """Time every emitted strategy interleaved; fill in the rows. Returns the `measured_steps` row of each
-    strategy timed (stored once the predictions are final: `_store`)."""
+def _measure(args, rows: list[dict], folders: dict[str, Path], between_rounds=None) -> dict[str, dict]:
+    """Time every emitted strategy interleaved (calling `between_rounds` between rounds); fill in the rows.
+    Returns the `measured_steps` row of each strategy timed (stored once the predictions are final: `_store`)."""
     from tag_core.runtime.interleave import measure_interleaved
     from tag_core.runtime.measure import measured_step_row
     from tag_core.runtime.supervisor import check_folder
@@ -314,7 +329,8 @@ def _measure(args, rows: list[dict], folders: dict[str, Path]) -> dict[str, dict
     _say(f"measuring {len(names)} strategies interleaved: {args.warmup} warm-up steps each, then {args.steps} timed "
          f"steps each over {args.rounds} rounds")
     outcomes = measure_interleaved([folders[n] for n in names], args.steps, args.warmup, args.rounds,
-                                   timeout=args.timeout, echo=lambda line: _say(f"  {line}"))
+                                   timeout=args.timeout, echo=lambda line: _say(f"  {line}"),
+                                   between_rounds=between_rounds)
     by_name = {r["strategy"]: r for r in rows}
     stored = {}
     for name, outcome in zip(names, outcomes):

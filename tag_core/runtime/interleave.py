@@ -6,7 +6,10 @@ single-core server process per task (tag_core.runtime.local_cluster) and a child
 module's `main`) with one session per graph on task 0. After every graph's variables are initialised
 and its `warmup` untimed steps run, it goes round: in each round every graph (in a rotated order) runs
 one untimed step, since switching graphs leaves cold caches, then its share of the timed steps. Each
-graph's timing is the median and interquartile range over all of its timed steps.
+graph's timing is the median and interquartile range over all of its timed steps. With `between_rounds`,
+the child waits after each round but the last while the parent calls it (a profile of the model, taken
+while the servers idle, sees the machine as the rounds around it do); the time it takes is not the
+measurement's and extends the deadline.
 
 The graphs share the servers, so each one's collective keys are moved to a range of its own, and its
 variables live in a resource container of its own. The parent kills the child at the deadline; every
@@ -50,7 +53,8 @@ class Interleaved:
 
 
 def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: int, timeout: float = 600.0,
-                        echo: Callable[[str], None] | None = None) -> list[Interleaved]:
+                        echo: Callable[[str], None] | None = None,
+                        between_rounds: Callable[[int], None] | None = None) -> list[Interleaved]:
     """Time `steps` steps of each emission folder, interleaved over `rounds` rounds (see the module docstring)."""
     from .local_cluster import ServerStartError, child_env, local_cluster
     from .supervisor import _kill, _pump, check_folder, pinned_problem
@@ -66,18 +70,27 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
         raise TagInputError("folders", f"the graphs cannot run as one pinned process per task: {problem}")
     command = [sys.executable, "-m", "tag_core.runtime.interleave", "--steps", str(steps), "--warmup", str(warmup),
                "--rounds", str(rounds), "--timeout", str(timeout), *map(str, folders)]
+    if between_rounds is not None:
+        command.append("--pause")
     try:
         with local_cluster(tasks.pop(), where="folders") as cluster:
             child = subprocess.Popen(command + cluster.client_args(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=child_env(threads=None),
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     stdin=subprocess.PIPE if between_rounds is not None else subprocess.DEVNULL)
+
+            def resume(round_index: int) -> None:
+                between_rounds(round_index)
+                child.stdin.write("\n")
+                child.stdin.flush()
+
             events: queue.Queue = queue.Queue()
             stderr_tail: deque = deque(maxlen=40)
             threading.Thread(target=_pump, args=(child.stdout, events.put), daemon=True).start()
             threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
             deadline = time.monotonic() + timeout + STARTUP_S
             try:
-                finished = _follow(events, outcomes, deadline, echo)
+                finished = _follow(events, outcomes, deadline, echo, resume)
             finally:
                 _kill(child)
     except ServerStartError as exc:
@@ -91,8 +104,8 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
     return outcomes
 
 
-def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float,
-            echo: Callable[[str], None]) -> bool | str | None:
+def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float, echo: Callable[[str], None],
+            resume: Callable[[int], None]) -> bool | str | None:
     """Read the child's events into `outcomes`: True when it finished, else why not (None: it just ended)."""
     from .supervisor import _parse
 
@@ -121,6 +134,10 @@ def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float,
             echo(f"round {event['round'] + 1} of {event['rounds']}")
         elif kind == "ready":
             echo(f"{outcomes[event['graph']].folder.name}: initialised")
+        elif kind == "paused":
+            paused = time.monotonic()
+            resume(event["round"])
+            deadline += time.monotonic() - paused
         elif kind == "done":
             return True
 
@@ -201,6 +218,11 @@ def run(args) -> int:
             except tf.errors.OpError as exc:
                 report("error", graph=k, message=f"{type(exc).__name__}: {_headline(str(exc))}")
                 graphs[k] = None
+        if args.pause and r < args.rounds - 1:
+            report("paused", round=r)
+            paused = time.monotonic()
+            sys.stdin.readline()  # the parent's go (or its end: "")
+            deadline += time.monotonic() - paused
     report("done")
     return 0
 
@@ -217,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--pause", action="store_true", help="after each round but the last, wait for a line on stdin")
     exit_with_parent()
     try:
         return run(parser.parse_args(argv))
