@@ -81,8 +81,11 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
 
             def resume(round_index: int) -> None:
                 between_rounds(round_index)
-                child.stdin.write("\n")
-                child.stdin.flush()
+                try:
+                    child.stdin.write("\n")
+                    child.stdin.flush()
+                except OSError:  # the child has ended: its events say how
+                    pass
 
             events: queue.Queue = queue.Queue()
             stderr_tail: deque = deque(maxlen=40)
