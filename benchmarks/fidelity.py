@@ -188,6 +188,7 @@ def markdown(report: dict) -> str:
                   "at a time per link); emitted: ops per task, tensors and control edges crossing tasks, "
                   "collective ops.", "",
                   *_weighed(m.get("measured_error")),
+                  *_profile_steps(m.get("profile_steps")),
                   "| strategy | predicted ms | measured ms | IQR ms | error | terms (ms) | emitted |",
                   "|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
@@ -209,6 +210,17 @@ def _weighed(error: dict | None) -> list[str]:
     return [f"The TAG plan kept a distributed strategy only if predicted faster than one device by more than the "
             f"median |error| of the {error['steps']} steps measured before it on this cluster: "
             f"{error['median_abs_error']:.0%}.", ""]
+
+
+def _profile_steps(steps: list[dict] | None) -> list[str]:
+    """How fast the machine ran each profile: its ops added up, per batch size."""
+    if not steps:
+        return []
+    lines = []
+    for batch in sorted({s["batch_size"] for s in steps}):
+        each = ", ".join(f"{s['profile']} {_ms(s['step_s'])}" for s in steps if s["batch_size"] == batch)
+        lines.append(f"Profiles' steps at batch {batch} (ops added up, ms): {each}.")
+    return [" ".join(lines), ""]
 
 
 def _optional_ms(seconds: float | None) -> str:

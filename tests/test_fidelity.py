@@ -213,6 +213,10 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     err = captured.err
     assert err.index("round 1 of 2") < err.index("after round 1") < err.index("round 2 of 2") < err.index(
         "after the measurement")
+    # How fast each profile ran, per batch size: the one before, after round 1, and after.
+    steps = report["profile_steps"]
+    assert [s["profile"] for s in steps if s["batch_size"] == BATCH] == ["before", "after round 1", "after"]
+    assert all(s["step_s"] > 0 for s in steps)
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing

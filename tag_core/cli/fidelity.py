@@ -141,6 +141,7 @@ def run(args) -> int:
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
     report["measured_error"] = error.to_dict() if error is not None else None  # what the TAG row's search weighed
+    report["profile_steps"] = again.steps if again is not None else None
     report["wall_s"] = time.monotonic() - started
     if args.json:
         print_json(report)
@@ -189,6 +190,7 @@ class Reprofile:
         self.args, self.own, self.profiles = args, own, before
         self.sizes = sorted(int(b) for b in before.batch_size.unique())
         self.runs = max(1, math.ceil(PROFILE_RUNS / args.rounds))
+        self.steps = profile_steps(before, "before")  # how fast the machine ran each profile: the report's
 
     def __call__(self, round_index: int | None = None) -> None:
         import pandas as pd
@@ -197,8 +199,9 @@ class Reprofile:
 
         from ._common import open_store
 
-        when = "after the measurement" if round_index is None else f"after round {round_index + 1}"
-        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, {when}")
+        when = "after" if round_index is None else f"after round {round_index + 1}"
+        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, {when}"
+             f"{' the measurement' if round_index is None else ''}")
         conn = open_store(self.args)
         try:
             after = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
@@ -207,6 +210,14 @@ class Reprofile:
         before = self.profiles
         after = after.assign(run=after.run + int(before.run.max()) + 1)[list(before.columns)]
         self.profiles = pd.concat([before, after], ignore_index=True)
+        self.steps += profile_steps(after, when)
+
+
+def profile_steps(frame, when: str) -> list[dict]:
+    """Per batch size of a profile: the median over its runs of the ops' times added up (kernel and overhead)."""
+    total = frame.time_us + (frame["overhead_us"].fillna(0.0) if "overhead_us" in frame else 0.0)
+    runs = total.groupby([frame.batch_size, frame.run]).sum().groupby(level=0).median()
+    return [{"profile": when, "batch_size": int(b), "step_s": float(us) * 1e-6} for b, us in runs.items()]
 
 
 def _predict_again(rows: list[dict], emissions: dict, profiles, comm, uncalibrated) -> None:
