@@ -154,6 +154,27 @@ def test_transfers_on_different_links_run_in_parallel():
     assert apart.iteration_time_s < same.iteration_time_s
 
 
+def test_a_tensor_goes_once_to_a_device_however_many_of_its_ops_read_it():
+    """a's tensor is read by b and c on the other device (as an Adam update's Sub and Square read one gradient):
+    TF sends it once, and c, after b on that device, does not wait for a second copy. d reads it too, on a
+    third device: one more transfer, on another link."""
+    nbytes = 50_000_000
+    ops = [Op("a", "Relu", nbytes, 0), Op("b", "Neg", 4, 0), Op("c", "Neg", 4, 0), Op("d", "Neg", 4, 0)]
+    edges = [Edge(0, 1, nbytes, False, "a:0"), Edge(0, 2, nbytes, False, "a:0"), Edge(0, 3, nbytes, False, "a:0")]
+    g = OpGraph("fan-out", 1, ops, edges, [])
+    topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), ("m2", V100, 1, 100.0), inter_gbps=10.0)
+    one = simulate(g, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 1, 1, 1])))
+    two = simulate(g, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 1, 1, 2])))
+    x = transfer_time(nbytes, 10.0)
+    assert one.comm_s["p2p"] == pytest.approx(x) and two.comm_s["p2p"] == pytest.approx(2 * x)
+    c = g.index["c"]
+    assert one.op_start_s[c] == pytest.approx(one.op_end_s[g.index["b"]])  # after b, not after a second copy
+    # A pure dependency is one signal per device too.
+    control = OpGraph("fan-out", 1, ops, [Edge(0, 1, 0, False, ""), Edge(0, 2, 0, False, "")], [])
+    assert simulate(control, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 1, 1, 1]))
+                    ).comm_s["p2p"] == pytest.approx(LATENCY_S)
+
+
 def test_a_slower_gpu_type_is_slower():
     g = train_graph(layers=2)
     cpu_profile = profiles(g, "cpu", per_sample_us=200.0, constant_us=20.0)

@@ -162,7 +162,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         sp, dp = divmod(pair, P)
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
-        edges = by_key[u_i]
+        edges = _first_consumers(ctx, by_key[u_i])
         if G <= sp < G + D and G <= dp < G + D:  # one device to another (PS, model parallel): the common pair
             pieces.append((edges, np.array([[sp - G, dp - G, 1.0, P2P]])))
             continue
@@ -211,6 +211,21 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     del row_idx
     return Transfers(cons_op=cons_op, cons_dev=dst_dev, src_op=src_op, src_dev=src_dev, nbytes=nbytes,
                      channel=ctx.dev_channel[src_dev, dst_dev], kind=kind), colls
+
+
+def _first_consumers(ctx, edges: np.ndarray) -> np.ndarray:
+    """`edges` less those whose tensor goes to an earlier consumer (in execution order) by another of them.
+
+    The edges of one pattern lead to the same devices. TF sends a tensor (or a control signal) once to each
+    device that consumes it, and a device runs its ops in execution order: its first consumer waits for the
+    tensor, and the others come after that one (an Adam update's Sub and Square of one gradient on a PS: one
+    push, not two)."""
+    shared = edges[ctx.e_shared[edges]]
+    if len(shared) < 2:
+        return edges
+    shared = shared[np.lexsort((ctx.pos[ctx.e_dst[shared]], ctx.e_tensor[shared]))]
+    later = shared[1:][ctx.e_tensor[shared[1:]] == ctx.e_tensor[shared[:-1]]]
+    return edges[~np.isin(edges, later)] if len(later) else edges
 
 
 def _collective_shape(ctx, src, dst, batch: bool, mode: int):
