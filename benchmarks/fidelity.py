@@ -159,9 +159,9 @@ def markdown(report: dict) -> str:
              "",
              f"Each model: `tag fidelity MODEL --topology local-{report['tasks']}.json --batch-size B --steps "
              f"{report['steps']} --rounds {report['rounds']} --profile-after`. Predicted: the simulator with the "
-             f"calibration applied, from the model's profiles of just before the measurement and after each of its "
-             f"rounds, taken while the measurement waited ('before only': from the one before alone, as `tag emit` "
-             f"records it in plan.json). Measured: the median of "
+             f"calibration applied, from the model's profiles taken after each round of the measurement, while it "
+             f"waited ('before only': from the profile before the measurement, as `tag emit` records it in "
+             f"plan.json). Measured: the median of "
              f"{report['steps']} timed steps after 3 warm-up steps, the strategies interleaved over "
              f"{report['rounds']} rounds on one pinned cluster so that load changes hit them alike. Noise: the "
              f"interquartile range (IQR) of the timed steps. Error: (predicted - measured) / measured. TAG "

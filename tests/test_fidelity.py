@@ -207,7 +207,7 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert [r["strategy"] for r in report["rows"]] == ["single", "duplicate"]
     for row in report["rows"]:
         assert row["predicted_s"] > 0 and row["measured_s"] > 0 and row["spread_s"] >= 0 and row["steps"] == 4
-        assert row["predicted_before_s"] > 0  # the prediction from the profile before; predicted_s: before and after
+        assert row["predicted_before_s"] > 0  # the prediction from the profile before; predicted_s: from those after
     assert "profiling" in captured.err and "again at batch sizes" in captured.err
     # Profiled again between the two rounds, while the measurement waited, and after it.
     err = captured.err
@@ -224,6 +224,6 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     with store.connect(read_only=True) as conn:
         rows = store.load_measured_steps(conn, topology="local-2")
     assert sorted(rows.strategy) == ["duplicate", "single"] and (rows.measured_s > 0).all()
-    # The stored rows carry the report's predictions (before and after), not plan.json's from before.
+    # The stored rows carry the report's predictions (from the profiles after the rounds), not plan.json's from before.
     reported = {r["strategy"]: r["predicted_s"] for r in report["rows"]}
     assert {r.strategy: r.predicted_s for r in rows.itertuples()} == pytest.approx(reported)

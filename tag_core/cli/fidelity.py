@@ -7,10 +7,9 @@ strategy alike: after warm-up, each round runs every graph for one untimed and i
 steps. The median step time, its interquartile range and the prediction go into `measured_steps` under
 the strategy's name. The order of the strategies predicted against measured gives Spearman's rank
 correlation. With --profile-after the model is profiled again after each round, while the servers idle,
-and the report predicts from every profile, the one before and those between and after the rounds (on a
-shared machine a step's speed can move by half within a minute: a profile on one side of the measurement
-alone may catch another speed than the rounds did); each row keeps its prediction from before as
-predicted_before_s.
+and the report predicts from those profiles, taken between and after the rounds (on a shared machine a
+step's speed can move by half within a minute: a profile before the measurement may catch another speed
+than the rounds did); each row keeps its prediction from the profile before as predicted_before_s.
 """
 
 from __future__ import annotations
@@ -64,9 +63,9 @@ def register(subparsers) -> None:
     parser.add_argument("--timeout", type=positive_float, default=1800.0,
                         help="seconds the measurement of every strategy may take before it is stopped (default 1800)")
     parser.add_argument("--profile-after", action="store_true",
-                        help="profile the model again after each round of the measurement and predict from every "
-                             "profile, before and after the rounds (the report keeps the predictions from before "
-                             "as predicted_before_s)")
+                        help="profile the model again after each round of the measurement and predict from those "
+                             "profiles (the report keeps the predictions from the profile before as "
+                             "predicted_before_s)")
     add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
@@ -136,7 +135,7 @@ def run(args) -> int:
         stored = _measure(args, rows, folders, again) if folders else {}
         if again is not None:
             again()
-            _predict_again(rows, emissions, again.profiles, comm, uncalibrated)
+            _predict_again(rows, emissions, again.during, comm, uncalibrated)
         _store(args, rows, stored)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
@@ -183,14 +182,16 @@ def _inputs(args, spec, topology):
 
 
 class Reprofile:
-    """The profile rows of before and of a new profile of the same batch sizes after each round (its runs
-    numbered on): called between the rounds of the measurement and once after it."""
+    """New profiles of the before-profile's batch sizes, taken after each round of the measurement (called
+    between the rounds, while the measurement waits, and once after it): `during`, their rows together (runs
+    numbered on), is what the report predicts from; `steps`, how fast each profile ran, before's first."""
 
     def __init__(self, args, own, before):
-        self.args, self.own, self.profiles = args, own, before
+        self.args, self.own, self.columns = args, own, list(before.columns)
         self.sizes = sorted(int(b) for b in before.batch_size.unique())
         self.runs = max(1, math.ceil(PROFILE_RUNS / args.rounds))
-        self.steps = profile_steps(before, "before")  # how fast the machine ran each profile: the report's
+        self.during = None
+        self.steps = profile_steps(before, "before")
 
     def __call__(self, round_index: int | None = None) -> None:
         import pandas as pd
@@ -204,13 +205,14 @@ class Reprofile:
              f"{' the measurement' if round_index is None else ''}")
         conn = open_store(self.args)
         try:
-            after = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
+            profile = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
         finally:
             conn.close()
-        before = self.profiles
-        after = after.assign(run=after.run + int(before.run.max()) + 1)[list(before.columns)]
-        self.profiles = pd.concat([before, after], ignore_index=True)
-        self.steps += profile_steps(after, when)
+        self.steps += profile_steps(profile, when)
+        if self.during is not None:
+            profile = profile.assign(run=profile.run + int(self.during.run.max()) + 1)
+            profile = pd.concat([self.during, profile[self.columns]], ignore_index=True)
+        self.during = profile[self.columns]
 
 
 def profile_steps(frame, when: str) -> list[dict]:
@@ -359,7 +361,7 @@ def _measure(args, rows: list[dict], folders: dict[str, Path], between_rounds=No
 
 def _store(args, rows: list[dict], stored: dict[str, dict]) -> None:
     """Each timed strategy's `measured_steps` row, with the prediction the report gives (from the profiles
-    before and after with --profile-after)."""
+    after the rounds with --profile-after)."""
     from tag_core.runtime.measure import save_measured_step
 
     for row in rows:
