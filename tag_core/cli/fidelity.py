@@ -191,7 +191,7 @@ class Reprofile:
         self.sizes = sorted(int(b) for b in before.batch_size.unique())
         self.runs = max(1, math.ceil(PROFILE_RUNS / args.rounds))
         self.during = None
-        self.steps = profile_steps(before, "before")
+        self.steps = _profile_steps(before, "before")
 
     def __call__(self, round_index: int | None = None) -> None:
         import pandas as pd
@@ -201,21 +201,21 @@ class Reprofile:
         from ._common import open_store
 
         when = "after" if round_index is None else f"after round {round_index + 1}"
-        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, {when}"
-             f"{' the measurement' if round_index is None else ''}")
+        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, "
+             f"{'after the measurement' if round_index is None else when}")
         conn = open_store(self.args)
         try:
             profile = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
         finally:
             conn.close()
-        self.steps += profile_steps(profile, when)
+        self.steps += _profile_steps(profile, when)
         if self.during is not None:
             profile = profile.assign(run=profile.run + int(self.during.run.max()) + 1)
             profile = pd.concat([self.during, profile[self.columns]], ignore_index=True)
         self.during = profile[self.columns]
 
 
-def profile_steps(frame, when: str) -> list[dict]:
+def _profile_steps(frame, when: str) -> list[dict]:
     """Per batch size of a profile: the median over its runs of the ops' times added up (kernel and overhead)."""
     total = frame.time_us + (frame["overhead_us"].fillna(0.0) if "overhead_us" in frame else 0.0)
     runs = total.groupby([frame.batch_size, frame.run]).sum().groupby(level=0).median()
