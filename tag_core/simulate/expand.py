@@ -35,10 +35,12 @@ from .units import (
     REDUCED,
     SINGLE,
     SPLIT,
-    TRANSFER_FIELDS,
     Collectives,
     Placement,
     Transfers,
+    concat_collectives,
+    no_collectives,
+    no_transfers,
 )
 
 
@@ -149,7 +151,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
     key = ((src_pl * P + dst_pl) * 2 + ctx.e_batch) * 3 + mode
     cross = src_pl != dst_pl
     if not cross.any() and not (mode == PUSH).any():
-        return _empty_transfers(), no_collectives()
+        return no_transfers(), no_collectives()
     uniq, inverse = np.unique(key, return_inverse=True)
     pieces, gathered, resharded = [], [], []
     by_key = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse, minlength=len(uniq)))[:-1])
@@ -188,7 +190,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         pieces.append((edges, r))
     colls = concat_collectives([_edge_collectives(ctx, gathered), *resharded])
     if not pieces:
-        return _empty_transfers(), colls
+        return no_transfers(), colls
     # A pattern's rows repeat for each of its edges, stamped by index (one edge per pattern is the rule for a
     # PS's pushes: millions of rows on thousands of GPUs, not copied; thousands of one-row patterns between
     # single devices are the rule for PS updates and model-parallel parts).
@@ -267,24 +269,6 @@ def _edge_collectives(ctx, gathered) -> Collectives:
     return concat_collectives(parts)
 
 
-def concat_collectives(parts: list[Collectives]) -> Collectives:
-    parts = [c for c in parts if len(c)]
-    if not parts:
-        return no_collectives()
-    if len(parts) == 1:
-        return parts[0]
-    offsets = np.cumsum([0] + [len(c) for c in parts[:-1]])
-    cat = np.concatenate
-    return Collectives(
-        cat([c.kind for c in parts]), cat([c.nbytes for c in parts]), cat([c.duration for c in parts]),
-        [ch for c in parts for ch in c.channels], [d for c in parts for d in c.devices],
-        cat([c.inp_op for c in parts]), cat([c.inp_unit + o for c, o in zip(parts, offsets)]),
-        cat([c.cons_op for c in parts]), cat([c.cons_unit + o for c, o in zip(parts, offsets)]),
-        None if all(c.statistic is None for c in parts) else
-        cat([np.zeros(len(c), dtype=bool) if c.statistic is None else c.statistic for c in parts]),
-    )
-
-
 def _pattern(ctx, src, dst, batch: bool, mode: int) -> np.ndarray:
     """Rows (src_dev, dst_dev, fraction of the edge's bytes, kind) for one placement pair, destination-major.
     Vectorised: a pattern between placements of thousands of devices has as many rows."""
@@ -342,12 +326,12 @@ def ps_pulls(ctx, p: Placement, s: Strategy) -> Transfers:
     reads = ctx.param_reads
     reads = reads[(s.options_arr[s.op_groups[reads]] == 1) & (ps_dev[ctx.op_var[reads]] >= 0)]
     if len(reads) == 0:
-        return _empty_transfers()
+        return no_transfers()
     src = ps_dev[ctx.op_var[reads]]
     members = p.group_active[s.op_groups[reads]]  # (r, D)
     r_idx, dev = np.nonzero(members & (np.arange(ctx.num_devices)[None, :] != src[:, None]))
     if len(r_idx) == 0:
-        return _empty_transfers()
+        return no_transfers()
     ops = reads[r_idx]
     return Transfers(
         cons_op=ops, cons_dev=dev, src_op=np.full(len(ops), -1), src_dev=src[r_idx],
@@ -429,32 +413,6 @@ def tier_args(ctx, devs: np.ndarray) -> dict:
     if not getattr(ctx.topology, "racks", ()):
         return {}
     return {"tiers": ctx.comm.allreduce_tiers(ctx.topology, np.unique(ctx.dev_machine[devs]))}
-
-
-def no_collectives() -> Collectives:
-    z = np.zeros(0, dtype=np.int64)
-    return Collectives(z, np.zeros(0), np.zeros(0), [], [], z, z, z, z)
-
-
-def _empty_transfers() -> Transfers:
-    z = np.zeros(0, dtype=np.int64)
-    return Transfers(z, z, z, z, np.zeros(0), z, z)
-
-
-def concat_transfers(parts: list[Transfers]) -> Transfers:
-    """The parts' transfers in one; the parts are used up (their fields dropped as they are copied: a PS on
-    thousands of GPUs has millions of transfers, and two whole copies of them would double the peak)."""
-    parts = [t for t in parts if len(t.cons_op)]
-    if not parts:
-        return _empty_transfers()
-    if len(parts) == 1:
-        return parts[0]
-    fields = {}
-    for f in TRANSFER_FIELDS:
-        fields[f] = np.concatenate([getattr(t, f) for t in parts])
-        for t in parts:
-            setattr(t, f, None)
-    return Transfers(**fields)
 
 
 def transfer_durations(ctx, t: Transfers, rows: slice = slice(None)) -> np.ndarray:

@@ -25,12 +25,13 @@ from tag_core.errors import TagInputError
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, schedule
-from .expand import concat_collectives, concat_transfers, edge_transfers, gradient_collectives, place, ps_pulls
+from .expand import edge_transfers, gradient_collectives, place, ps_pulls
 from .feeds import client_cost_s
 from .memory import group_makespans, op_times, slot_peaks
 from .result import SimResult, Timeline
 from .statistics import statistic_collectives
 from .strategy import Strategy
+from .units import concat_collectives, concat_transfers
 
 
 class DevicePairs:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .expand import group_allreduces, no_collectives
-from .units import ALLREDUCE, SPLIT, Collectives, Placement
+from .expand import group_allreduces
+from .units import ALLREDUCE, SPLIT, Collectives, Placement, no_collectives
 
 
 def statistic_collectives(ctx, p: Placement, s) -> Collectives:

@@ -1,4 +1,5 @@
-"""The units the simulator schedules: op placements, point-to-point transfers and collectives, as flat arrays.
+"""The units the simulator schedules: op placements, point-to-point transfers and collectives, as flat arrays
+(and their empty and joined forms).
 
 expand.py makes them from a Strategy, reshard.py folds big re-slicings into them, engine.py schedules them.
 """
@@ -59,3 +60,47 @@ class Collectives:
 
     def __len__(self) -> int:
         return len(self.kind)
+
+
+def no_collectives() -> Collectives:
+    z = np.zeros(0, dtype=np.int64)
+    return Collectives(z, np.zeros(0), np.zeros(0), [], [], z, z, z, z)
+
+
+def no_transfers() -> Transfers:
+    z = np.zeros(0, dtype=np.int64)
+    return Transfers(z, z, z, z, np.zeros(0), z, z)
+
+
+def concat_transfers(parts: list[Transfers]) -> Transfers:
+    """The parts' transfers in one; the parts are used up (their fields dropped as they are copied: a PS on
+    thousands of GPUs has millions of transfers, and two whole copies of them would double the peak)."""
+    parts = [t for t in parts if len(t.cons_op)]
+    if not parts:
+        return no_transfers()
+    if len(parts) == 1:
+        return parts[0]
+    columns = {}
+    for f in TRANSFER_FIELDS:
+        columns[f] = np.concatenate([getattr(t, f) for t in parts])
+        for t in parts:
+            setattr(t, f, None)
+    return Transfers(**columns)
+
+
+def concat_collectives(parts: list[Collectives]) -> Collectives:
+    parts = [c for c in parts if len(c)]
+    if not parts:
+        return no_collectives()
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0] + [len(c) for c in parts[:-1]])
+    cat = np.concatenate
+    return Collectives(
+        cat([c.kind for c in parts]), cat([c.nbytes for c in parts]), cat([c.duration for c in parts]),
+        [ch for c in parts for ch in c.channels], [d for c in parts for d in c.devices],
+        cat([c.inp_op for c in parts]), cat([c.inp_unit + o for c, o in zip(parts, offsets)]),
+        cat([c.cons_op for c in parts]), cat([c.cons_unit + o for c, o in zip(parts, offsets)]),
+        None if all(c.statistic is None for c in parts) else
+        cat([np.zeros(len(c), dtype=bool) if c.statistic is None else c.statistic for c in parts]),
+    )
