@@ -169,6 +169,10 @@ def test_a_tensor_goes_once_to_a_device_however_many_of_its_ops_read_it():
     assert one.comm_s["p2p"] == pytest.approx(x) and two.comm_s["p2p"] == pytest.approx(2 * x)
     c = g.index["c"]
     assert one.op_start_s[c] == pytest.approx(one.op_end_s[g.index["b"]])  # after b, not after a second copy
+    # Two producers' tensors are two, whatever a hand-built graph names them.
+    named_alike = OpGraph("fan-in", 1, ops, [Edge(0, 2, nbytes, False, "t:0"), Edge(1, 2, nbytes, False, "t:0")], [])
+    assert simulate(named_alike, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 0, 1, 1]))
+                    ).comm_s["p2p"] == pytest.approx(2 * x)
     # A pure dependency is one signal per device too.
     control = OpGraph("fan-out", 1, ops, [Edge(0, 1, 0, False, ""), Edge(0, 2, 0, False, "")], [])
     assert simulate(control, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 1, 1, 1]))

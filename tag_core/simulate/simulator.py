@@ -90,10 +90,10 @@ class Simulator:
         self.e_dst = np.array([e.dst for e in E], dtype=np.int64)
         self.e_batch = np.array([e.batch for e in E], dtype=np.int64)
         self.e_bytes = np.array([e.bytes for e in E], dtype=np.float64) * np.where(self.e_batch, scale, 1.0)
-        # Each edge's tensor, numbered (a pure dependency: its producer's control signal), and whether other
-        # edges carry it too: TF sends a tensor once to each device that consumes it (expand.edge_transfers).
-        ids: dict[str, int] = {}
-        self.e_tensor = np.array([ids.setdefault(e.tensor or f"^{e.src}", len(ids)) for e in E], dtype=np.int64)
+        # Each edge's tensor, numbered by (producer, name; "": its control signal), and whether other edges
+        # carry it too: TF sends a tensor once to each device that consumes it (expand.edge_transfers).
+        ids: dict[tuple[int, str], int] = {}
+        self.e_tensor = np.array([ids.setdefault((e.src, e.tensor), len(ids)) for e in E], dtype=np.int64)
         self.e_shared = np.bincount(self.e_tensor, minlength=len(ids))[self.e_tensor] > 1
         self._topology_arrays(topology)
         self.ref_time = self.compute.times(topology.devices[0].gpu, self.batch)
