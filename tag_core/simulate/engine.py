@@ -54,8 +54,10 @@ class Schedule:
         return self.end - self.chains.dur
 
 
-def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, machines: bool = True) -> Schedule:
-    """`machines`: collapse symmetric machines (slots.py); off for a timeline, which shows every transfer.
+def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, order: np.ndarray, pos: np.ndarray,
+             machines: bool = True) -> Schedule:
+    """`order`, `pos`: the strategy's execution order and each op's place in it (`execution_order`).
+    `machines`: collapse symmetric machines (slots.py); off for a timeline, which shows every transfer.
     When the collapse drops transfers, `t` is used up (its fields are let go): the kept ones are in the
     Schedule, and a PS on thousands of GPUs has ten times as many dropped as kept."""
     slots = make_slots(ctx, p, t, machines)
@@ -72,7 +74,6 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, m
     on = np.ascontiguousarray(p.group_active[:, slots.dev].T)[:, g_of] & (p.kind != SINGLE)[None, :]  # (slots, ops), row-major
     single_ops = np.flatnonzero(p.kind == SINGLE)
     on[slots.of_dev[p.single_dev[single_ops]], single_ops] = True
-    order, pos = _execution_order(ctx, s)
     # (slots, ops) int32: a plan over 2048 slots of an 18k-op graph would hold 300 MB in int64.
     cidx = np.full((S, n), -1, dtype=np.int32 if n < 2**31 else np.int64)
     ch = build_chains(ctx, p, s, slots, order, pos, cidx)
@@ -180,7 +181,7 @@ def _compact_channels(tr_chan: np.ndarray, coll_chans: list, total: int) -> tupl
     return rank[tr_chan], [mapped[id(c)] for c in coll_chans]
 
 
-def _execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:
+def execution_order(ctx, s: Strategy) -> tuple[np.ndarray, np.ndarray]:
     """The simulator's priority order, with SFB's duplicated ops moved to just before the update.
 
     Devices run their ops in order, so an op waiting for gathered factors would hold back the

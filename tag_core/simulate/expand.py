@@ -128,8 +128,10 @@ def _placement_desc(ctx, p: Placement, s: Strategy, pl: int):
     return kind, devs, lo, hi, _OPTION_CODE[s.options[g]]
 
 
-def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> tuple[Transfers, Collectives]:
-    """The transfers and collectives (all-gathers, broadcasts) every edge needs under placement `p`.
+def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray,
+                   pos: np.ndarray) -> tuple[Transfers, Collectives]:
+    """The transfers and collectives (all-gathers, broadcasts) every edge needs under placement `p` (`pos`: each
+    op's place in the strategy's execution order).
 
     An edge pattern depends only on (source placement, destination placement, batch flag,
     sync mode), so patterns are worked out once per distinct combination and stamped onto
@@ -164,7 +166,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
         sp, dp = divmod(pair, P)
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
-        edges = _first_consumers(ctx, by_key[u_i])
+        edges = _first_consumers(ctx, by_key[u_i], pos)
         if G <= sp < G + D and G <= dp < G + D:  # one device to another (PS, model parallel): the common pair
             pieces.append((edges, np.array([[sp - G, dp - G, 1.0, P2P]])))
             continue
@@ -215,7 +217,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray) -> 
                      channel=ctx.dev_channel[src_dev, dst_dev], kind=kind), colls
 
 
-def _first_consumers(ctx, edges: np.ndarray) -> np.ndarray:
+def _first_consumers(ctx, edges: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """`edges` less those whose tensor goes to an earlier consumer (in execution order) by another of them.
 
     The edges of one pattern lead to the same devices. TF sends a tensor (or a control signal) once to each
@@ -225,7 +227,7 @@ def _first_consumers(ctx, edges: np.ndarray) -> np.ndarray:
     shared = edges[ctx.e_shared[edges]]
     if len(shared) < 2:
         return edges
-    shared = shared[np.lexsort((ctx.pos[ctx.e_dst[shared]], ctx.e_tensor[shared]))]
+    shared = shared[np.lexsort((pos[ctx.e_dst[shared]], ctx.e_tensor[shared]))]
     later = shared[1:][ctx.e_tensor[shared[1:]] == ctx.e_tensor[shared[:-1]]]
     return edges[~np.isin(edges, later)] if len(later) else edges
 

@@ -24,7 +24,7 @@ from tag_core.errors import TagInputError
 
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
-from .engine import Schedule, comm_totals, schedule
+from .engine import Schedule, comm_totals, execution_order, schedule
 from .expand import edge_transfers, gradient_collectives, place, ps_pulls
 from .feeds import client_cost_s
 from .memory import group_makespans, op_times, slot_peaks
@@ -207,10 +207,11 @@ class Simulator:
         s.validate(self.n, self.topology.num_machines, self.num_devices)
         p = place(self, s)
         grad_colls, reduced = gradient_collectives(self, p, s)
-        moves, edge_colls = edge_transfers(self, p, s, reduced)
+        order, pos = execution_order(self, s)
+        moves, edge_colls = edge_transfers(self, p, s, reduced, pos)
         transfers = concat_transfers([moves, ps_pulls(self, p, s)])  # uses `moves` up
         colls = concat_collectives([grad_colls, statistic_collectives(self, p, s), edge_colls])
-        sched = schedule(self, p, s, transfers, colls, machines=not timeline)  # may use up `transfers`
+        sched = schedule(self, p, s, transfers, colls, order, pos, machines=not timeline)  # may use up `transfers`
         del transfers
         return self._result(s, p, sched.transfers, colls, sched, timeline)
 
