@@ -216,10 +216,11 @@ class Reprofile:
 
 
 def _profile_steps(frame, when: str) -> list[dict]:
-    """Per batch size of a profile: the median over its runs of the ops' times added up (kernel and overhead)."""
-    total = frame.time_us + (frame["overhead_us"].fillna(0.0) if "overhead_us" in frame else 0.0)
-    runs = total.groupby([frame.batch_size, frame.run]).sum().groupby(level=0).median()
-    return [{"profile": when, "batch_size": int(b), "step_s": float(us) * 1e-6} for b, us in runs.items()]
+    """Per batch size of a profile (one device type: this machine's): its step, the ops added up."""
+    from tag_core.simulate.cost import profiled_steps
+
+    return [{"profile": when, "batch_size": int(b), "step_s": float(us) * 1e-6}
+            for (_, b), us in profiled_steps(frame).items()]
 
 
 def _predict_again(rows: list[dict], emissions: dict, profiles, comm, uncalibrated) -> None:

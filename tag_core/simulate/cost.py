@@ -361,12 +361,19 @@ def _step_factors(frame: pd.DataFrame, medians: pd.DataFrame) -> np.ndarray:
     if "run" not in frame:
         return np.ones(len(medians))
     by_batch = ["device_type", "batch_size"]
-    total = frame["time_us"] + frame["overhead_us"].fillna(0.0)
-    runs = total.groupby([frame[k] for k in [*by_batch, "run"]]).sum().groupby(level=by_batch).median()
+    runs = profiled_steps(frame)
     summed = (medians["time_us"] + medians["overhead_us"].fillna(0.0)).groupby([medians[k] for k in by_batch]).sum()
     factor = (runs / summed).where(summed > 0).fillna(1.0)
     index = pd.MultiIndex.from_frame(medians[by_batch])
     return factor.reindex(index).fillna(1.0).to_numpy(dtype=np.float64)
+
+
+def profiled_steps(frame: pd.DataFrame) -> pd.Series:
+    """Per (device type, batch size) of a profile's rows: the median over its runs of the run's ops added up,
+    kernel and overhead (µs)."""
+    total = frame["time_us"] + (frame["overhead_us"].fillna(0.0) if "overhead_us" in frame else 0.0)
+    keys = [frame[k] for k in ("device_type", "batch_size", "run")]
+    return total.groupby(keys).sum().groupby(level=["device_type", "batch_size"]).median()
 
 
 def _fill_rows(times: np.ndarray) -> np.ndarray:
