@@ -226,6 +226,20 @@ def test_profiling_pins_to_the_runtimes_first_core_with_one_thread():
     assert runtime_cores(0) is None and runtime_cores(None) is None
 
 
+def test_profiles_run_with_the_thread_pools_of_a_server_of_the_runtime():
+    import tensorflow as tf
+
+    from tag_core.profile.timing import config
+    from tag_core.runtime.local_cluster import server_config
+
+    # A step on one core takes longer with two inter-op threads than with one: the profile has to have them.
+    profiled, served = config(tf, 1), server_config(threads=1)
+    assert (profiled.intra_op_parallelism_threads, profiled.inter_op_parallelism_threads) == (1, 2)
+    assert served.inter_op_parallelism_threads == profiled.inter_op_parallelism_threads
+    assert served.intra_op_parallelism_threads == profiled.intra_op_parallelism_threads
+    assert config(tf, 0).inter_op_parallelism_threads == 0  # TF's defaults
+
+
 def test_nodes_outside_the_op_graph_belong_to_the_op_they_are_scoped_under():
     from tag_core.profile.timing import owner
 

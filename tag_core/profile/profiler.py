@@ -1,7 +1,7 @@
 """Per-op compute times of a training step, from TF's own traces, taken the way the runtime runs the step.
 
 Each batch size's step runs in a child process (tag_core.profile.timing) set up as a device of the
-runtime: pinned to one core with one intra-op and one inter-op thread (`threads`, as
+runtime: pinned to one core with one intra-op and two inter-op threads (`threads` 1, as
 tag_core.runtime.local_cluster serves each device and as `tag run` runs a one-device graph here; 0 for
 TF's defaults, unpinned), Grappler on, one train target. After warm-up runs, each recorded run gives
 `op_profiles` rows:
@@ -47,7 +47,7 @@ from tag_core.capture.steps import CHILD_TRACE_BYTES, ensure_captured, ensure_st
 from tag_core.capture.trace import INIT_SCOPE, TracedStep
 from tag_core.errors import TagInputError
 
-RUNTIME_THREADS = 1  # a device of the local runtime: one core, one intra-op and one inter-op thread
+RUNTIME_THREADS = 1  # a device of the local runtime: one core, one compute thread (timing.pool_sizes)
 # What the profiling child's CPU allocator may reserve for the step's tensors (tag_core.profile.timing): issue
 # 21's 4 GiB for capture and profile, less the `tag` process (~0.2 GB) and what the child holds besides
 # tensors (TF's libraries and Python 0.5 GB, malloc's arenas and the traced run's stats 0.2-0.35 GB).

@@ -3,9 +3,11 @@
 `profile_model` (tag_core.profile.profiler) starts `python -m tag_core.profile.timing JOB` and reads its
 output file. A process of its own because TensorFlow sizes its thread pools once per process, from the
 first session it creates: a session made later with other settings keeps the first one's pools. So,
-before TensorFlow starts, this process pins itself to the job's cores and sets TF's pool sizes (`threads`:
-one intra-op and one inter-op thread on one core is how tag_core.runtime.local_cluster serves each device
-of a local cluster, and how `tag run` runs a one-device graph here; 0 keeps TF's defaults). The step runs
+before TensorFlow starts, this process pins itself to the job's cores and sets TF's pool sizes as a device
+of the local runtime has them (`pool_sizes`: with `threads` 1, one intra-op and two inter-op threads on one
+core, as tag_core.runtime.local_cluster serves each device of a local cluster and `tag run` a one-device
+graph; 0 keeps TF's defaults). Two inter-op threads on one core contend: the step of mlp at batch 128 took
+3.4 ms with one and 3.8 ms with two, as long as on a server (small_cnn at 32: 7.9, 8.5 and 8.8 ms). The step runs
 as the runtime runs an emitted step: Grappler on, one train target (a NoOp after every update, as the
 emitted `tag/train`), not the ~thousand update ops as separate fetch targets (whose handling alone cost
 26 ms a step on mobilenet_v2 here).
@@ -52,13 +54,20 @@ TRAIN_TARGET = "tag_profile/train"
 ALLOCATOR_LIMIT_ENV = "TF_MKL_ALLOC_MAX_BYTES"  # read once, when TF's oneDNN CPU allocator starts
 
 
+def pool_sizes(threads: int) -> tuple[int, int]:
+    """(intra-op, inter-op) threads of a runtime device that computes with `threads` threads. The inter-op
+    pool has one more (tag_core.runtime.local_cluster.server_config says why), so a profile runs with both."""
+    return threads, threads + 1
+
+
 def pin(cores: list[int] | None, threads: int) -> None:
     """Before TensorFlow starts: pin this process (every thread TF starts inherits it) and size TF's pools."""
     if cores:
         os.sched_setaffinity(0, set(cores))
     if threads:
-        os.environ.update({"OMP_NUM_THREADS": str(threads), "TF_NUM_INTRAOP_THREADS": str(threads),
-                           "TF_NUM_INTEROP_THREADS": str(threads)})
+        intra, inter = pool_sizes(threads)
+        os.environ.update({"OMP_NUM_THREADS": str(intra), "TF_NUM_INTRAOP_THREADS": str(intra),
+                           "TF_NUM_INTEROP_THREADS": str(inter)})
 
 
 def limit_allocator(limit_bytes: int | None) -> None:
@@ -117,8 +126,7 @@ def config(tf, threads: int):
     """The runtime's session settings: its pool sizes (0: TF's defaults) and Grappler on, as it runs steps."""
     cfg = tf.compat.v1.ConfigProto()
     if threads:
-        cfg.intra_op_parallelism_threads = threads
-        cfg.inter_op_parallelism_threads = threads
+        cfg.intra_op_parallelism_threads, cfg.inter_op_parallelism_threads = pool_sizes(threads)
     return cfg
 
 

@@ -264,10 +264,11 @@ def server_config(devices: int | None = None, threads: int | None = 1):
     """
     import tensorflow as tf
 
+    from tag_core.profile.timing import pool_sizes
+
     config = tf.compat.v1.ConfigProto()
     if threads is not None:
-        config.intra_op_parallelism_threads = threads
-        config.inter_op_parallelism_threads = threads + 1
+        config.intra_op_parallelism_threads, config.inter_op_parallelism_threads = pool_sizes(threads)
     if devices is not None:
         config.device_count["CPU"] = devices
     config.experimental.collective_group_leader = LEADER
