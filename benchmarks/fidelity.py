@@ -94,7 +94,8 @@ def main() -> None:
         say(f"{key}: tag fidelity {reference} --batch-size {batch}")
         load = os.getloadavg()[0]
         run = wrapped([TAG, "fidelity", reference, "--topology", str(topology), "--batch-size", str(batch),
-                       "--steps", str(args.steps), "--rounds", str(args.rounds), "--profile-after", "--json"], env)
+                       "--steps", str(args.steps), "--rounds", str(args.rounds), "--profile-after", "--calibrate-after",
+                       "--json"], env)
         if not run["out"].strip():
             raise SystemExit(f"tag fidelity {reference} failed:\n{run['err']}")
         fidelity = json.loads(run["out"])
@@ -158,10 +159,11 @@ def markdown(report: dict) -> str:
              f"{c['calibration_hash']} in {c['wall_s']:.0f} s (peak RSS {c['peak_rss_mib']:.0f} MiB).",
              "",
              f"Each model: `tag fidelity MODEL --topology local-{report['tasks']}.json --batch-size B --steps "
-             f"{report['steps']} --rounds {report['rounds']} --profile-after`. Predicted: the simulator with the "
-             f"calibration applied, from the model's profiles taken after each round of the measurement, while it "
-             f"waited ('before only': from the profile before the measurement, as `tag emit` records it in "
-             f"plan.json). Measured: the median of "
+             f"{report['steps']} --rounds {report['rounds']} --profile-after --calibrate-after`. Predicted: the "
+             f"simulator from the model's profiles taken after each round of the measurement, while it waited, and "
+             f"one calibration fitted to the samples of `tag calibrate --local` run again at the same times "
+             f"('before only': from the profile and the calibration before the measurement, as `tag emit` "
+             f"records it in plan.json). Measured: the median of "
              f"{report['steps']} timed steps after 3 warm-up steps, the strategies interleaved over "
              f"{report['rounds']} rounds on one pinned cluster so that load changes hit them alike. Noise: the "
              f"interquartile range (IQR) of the timed steps. Error: (predicted - measured) / measured. TAG "
@@ -189,6 +191,7 @@ def markdown(report: dict) -> str:
                   "collective ops.", "",
                   *_weighed(m.get("measured_error")),
                   *_profile_steps(m.get("profile_steps")),
+                  *_calibrations_during(m.get("calibrations_during"), m.get("calibration_during")),
                   "| strategy | predicted ms | measured ms | IQR ms | error | terms (ms) | emitted |",
                   "|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
@@ -221,6 +224,21 @@ def _profile_steps(steps: list[dict] | None) -> list[str]:
         each = ", ".join(f"{s['profile']} {_ms(s['step_s'])}" for s in steps if s["batch_size"] == batch)
         lines.append(f"Profiles' steps at batch {batch} (ops added up, ms): {each}.")
     return [" ".join(lines), ""]
+
+
+def _calibrations_during(calibrations: list[dict] | None, pooled: str | None) -> list[str]:
+    """How the runtime's fixed costs moved over the measurement: each calibration's headline terms."""
+    if not calibrations:
+        return []
+    each = []
+    for c in calibrations:
+        if "hash" not in c:
+            each.append(f"{c['calibration']} failed ({c.get('error', '')})")
+            continue
+        launches = " / ".join(f"{_ms(s)}" for _, s in sorted(c["step_s_by_tasks"].items(), key=lambda kv: int(kv[0])))
+        each.append(f"{c['calibration']} {launches} ms, hides {c['compute_overlap']:.0%}")
+    return [f"Calibrations during the measurement (step launch by tasks touched; share of transfers compute "
+            f"hides): {'; '.join(each)}. Predictions use {pooled or 'no'} fitted to all of their samples.", ""]
 
 
 def _optional_ms(seconds: float | None) -> str:

@@ -201,7 +201,8 @@ def test_fidelity_strategy_names_are_canonical():
 @pytest.mark.timeout(600)
 def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert main(["fidelity", MLP, "--topology", str(local2), "--strategies", "single,duplicate", "--batch-size",
-                 str(BATCH), "--steps", "4", "--warmup", "1", "--rounds", "2", "--profile-after", "--json"]) == 0
+                 str(BATCH), "--steps", "4", "--warmup", "1", "--rounds", "2", "--profile-after", "--calibrate-after",
+                 "--json"]) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert [r["strategy"] for r in report["rows"]] == ["single", "duplicate"]
@@ -217,6 +218,13 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     steps = report["profile_steps"]
     assert [s["profile"] for s in steps if s["batch_size"] == BATCH] == ["before", "after round 1", "after"]
     assert all(s["step_s"] > 0 for s in steps)
+    # The local tasks calibrated again at the same times; the predictions use one fit of all of it.
+    assert err.index("after round 1") < err.index("calibrating 2 local tasks again, after round 1") < \
+        err.index("round 2 of 2") < err.index("calibrating 2 local tasks again, after the measurement")
+    during = report["calibrations_during"]
+    assert [c["calibration"] for c in during] == ["after round 1", "after"]
+    assert all(c["step_s_by_tasks"]["1"] > 0 and 0 <= c["compute_overlap"] <= 1 for c in during)
+    assert report["calibration_during"] not in (None, report["calibration"], *(c["hash"] for c in during))
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing

@@ -7,14 +7,14 @@ strategy alike: after warm-up, each round runs every graph for one untimed and i
 steps. The median step time, its interquartile range and the prediction go into `measured_steps` under
 the strategy's name. The order of the strategies predicted against measured gives Spearman's rank
 correlation. With --profile-after the model is profiled again after each round, while the servers idle,
-and the report predicts from those profiles, taken between and after the rounds (on a shared machine a
-step's speed can move by half within a minute: a profile before the measurement may catch another speed
-than the rounds did); each row keeps its prediction from the profile before as predicted_before_s.
+and with --calibrate-after the local tasks are calibrated again; the report predicts from what was measured
+between and after the rounds (on a shared machine a step's speed and the runtime's fixed costs can move by
+half within a minute: what was measured before may have caught another machine than the rounds did); each
+row keeps its prediction from the profile and calibration before as predicted_before_s.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import tempfile
 import time
@@ -30,6 +30,7 @@ from ._common import (
     print_json,
     require,
 )
+from ._measurement_window import MeasurementWindow
 
 if TYPE_CHECKING:
     from tag_core.emit.emission import Emission
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 DEFAULT_STRATEGIES = ("single", "dp-nccl", "dp-nccl-p", "horovod", "ps", "model_parallel", "duplicate", "mixed", "tag")
 EXTRA = ("mixed", "tag")  # not names `tag simulate` knows: built here
 MIXED_GROUPS = 8
-PROFILE_RUNS = 5  # recorded runs of a profile; with --profile-after, spread over the rounds' profiles
+PROFILE_RUNS = 5  # recorded runs of a profile; with --profile-after, spread over the window's profiles
 
 
 def register(subparsers) -> None:
@@ -66,6 +67,10 @@ def register(subparsers) -> None:
                         help="profile the model again after each round of the measurement and predict from those "
                              "profiles (the report keeps the predictions from the profile before as "
                              "predicted_before_s)")
+    parser.add_argument("--calibrate-after", action="store_true",
+                        help="calibrate this machine's tasks again after each round (as `tag calibrate --local N` "
+                             "does) and predict with one calibration fitted to all of those samples (the topology's "
+                             "stored calibration stays as it is)")
     add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
@@ -131,16 +136,21 @@ def run(args) -> int:
             rows.append(row)
             if folder is not None:
                 folders[name], emissions[name] = folder, emission
-        again = Reprofile(args, own, profiles) if folders and args.profile_after else None
-        stored = _measure(args, rows, folders, again) if folders else {}
-        if again is not None:
-            again()
-            _predict_again(rows, emissions, again.during, comm, uncalibrated)
+        window = None
+        if folders and (args.profile_after or args.calibrate_after):
+            window = MeasurementWindow(args, own, profiles, topology, args.profile_after, args.calibrate_after,
+                                       PROFILE_RUNS)
+        stored = _measure(args, rows, folders, window) if folders else {}
+        if window is not None:
+            window()
+            _predict_again(rows, emissions, profiles if window.profiles is None else window.profiles,
+                           window.comm() or comm, uncalibrated)
         _store(args, rows, stored)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
     report["measured_error"] = error.to_dict() if error is not None else None  # what the TAG row's search weighed
-    report["profile_steps"] = again.steps if again is not None else None
+    report.update(window.report() if window is not None else
+                  {"profile_steps": None, "calibrations_during": None, "calibration_during": None})
     report["wall_s"] = time.monotonic() - started
     if args.json:
         print_json(report)
@@ -179,48 +189,6 @@ def _inputs(args, spec, topology):
     finally:
         conn.close()
     return own, graph, profiles, comm, uncalibrated, error
-
-
-class Reprofile:
-    """New profiles of the before-profile's batch sizes, taken after each round of the measurement (called
-    between the rounds, while the measurement waits, and once after it): `during`, their rows together (runs
-    numbered on), is what the report predicts from; `steps`, how fast each profile ran, before's first."""
-
-    def __init__(self, args, own, before):
-        self.args, self.own, self.columns = args, own, list(before.columns)
-        self.sizes = sorted(int(b) for b in before.batch_size.unique())
-        self.runs = max(1, math.ceil(PROFILE_RUNS / args.rounds))
-        self.during = None
-        self.steps = _profile_steps(before, "before")
-
-    def __call__(self, round_index: int | None = None) -> None:
-        import pandas as pd
-
-        from tag_core.profile.profiler import profile_model
-
-        from ._common import open_store
-
-        when = "after" if round_index is None else f"after round {round_index + 1}"
-        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, "
-             f"{'after the measurement' if round_index is None else when}")
-        conn = open_store(self.args)
-        try:
-            profile = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
-        finally:
-            conn.close()
-        self.steps += _profile_steps(profile, when)
-        if self.during is not None:
-            profile = profile.assign(run=profile.run + int(self.during.run.max()) + 1)
-            profile = pd.concat([self.during, profile[self.columns]], ignore_index=True)
-        self.during = profile[self.columns]
-
-
-def _profile_steps(frame, when: str) -> list[dict]:
-    """Per batch size of a profile (one device type: this machine's): its step, the ops added up."""
-    from tag_core.simulate.cost import profiled_steps
-
-    return [{"profile": when, "batch_size": int(b), "step_s": float(us) * 1e-6}
-            for (_, b), us in profiled_steps(frame).items()]
 
 
 def _predict_again(rows: list[dict], emissions: dict, profiles, comm, uncalibrated) -> None:

@@ -169,7 +169,8 @@ def local_topology(name: str, tasks: int, gbps: float) -> Topology:
     return Topology(name=name, machines=machines, inter_gbps=figure)
 
 
-def _fit(samples: list[Sample], topology: str, topology_hash: str, source: str) -> Calibration:
+def fit_samples(samples: list[Sample], topology: str, topology_hash: str, source: str) -> Calibration:
+    """The calibration these samples give, stamped with this host and code (CalibrationError if they give none)."""
     try:
         return fit_calibration(samples, topology=topology, topology_hash=topology_hash, source=source,
                                host=socket.gethostname(), code_version=code_version())
@@ -184,7 +185,7 @@ def calibrate_local(tasks: int, settings: CalibrationSettings, name: str | None 
     with local_cluster(tasks, where="--local") as cluster:
         samples = measure(cluster.client_args(), tasks, settings, progress=progress)
     name = name or f"local-{tasks}"
-    fitted = _fit(samples, name, "", "local")  # the topology takes its bandwidth from the fit, then its hash
+    fitted = fit_samples(samples, name, "", "local")  # the topology takes its bandwidth from the fit, then its hash
     topology = local_topology(name, tasks, fitted.links["inter"].gbps)
     return replace(fitted, topology_hash=topology.content_hash()), topology
 
@@ -195,4 +196,4 @@ def calibrate_cluster(topology: Topology, cluster: dict[str, list[str]], setting
     is served from here, with TensorFlow's default threads."""
     with task_servers(cluster, [0], devices_per_task=topology.machines[0].count, threads=None) as servers:
         samples = measure(["--target", f"grpc://{servers[0].address}"], topology.num_machines, settings, progress=progress)
-    return _fit(samples, topology.name, topology.content_hash(), "cluster")
+    return fit_samples(samples, topology.name, topology.content_hash(), "cluster")

@@ -1,0 +1,123 @@
+"""What `tag fidelity` measures again inside the window of its measurement, for the predictions it reports.
+
+On a shared machine a step's speed can move by half within a minute, and so can the runtime's fixed costs:
+two calibrations of the same local cluster, minutes apart, put its step launch at 1.28 and 1.88 ms and the
+share of transfers compute hides at 49% and 10%. Profiles and a calibration made before the measurement may
+have caught another machine than the rounds did. So, while the interleaved measurement waits after each round
+(and once after the last, before its servers stop), `MeasurementWindow` can profile the model again
+(--profile-after) and calibrate this machine's cluster again (--calibrate-after: servers of their own, pinned
+to the cores of the measurement's, which idle meanwhile; the waiting measurement holds its client's port). The
+report predicts from what was measured in the window: the profiles' rows together, and one calibration fitted
+to every sample of the window.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from tag_core.cluster.topology import Topology
+
+CALIBRATION_REPEATS = 7  # timed runs per series of a calibration, spread over the window's calibrations
+
+
+def _say(text: str) -> None:
+    print(f"tag fidelity: {text}", file=sys.stderr, flush=True)
+
+
+class MeasurementWindow:
+    """Called between the rounds (round index) and after the last (None). `profiles` (None without
+    --profile-after): the window's profile rows, runs numbered on; `profile_steps`: how fast each profile ran,
+    the one before first. `comm()` (None without --calibrate-after): the communication model fitted to every
+    calibration sample of the window; `calibrations`: each of the window's calibrations' headline terms."""
+
+    def __init__(self, args, own, before, topology: Topology, profile: bool, calibrate: bool, profile_runs: int):
+        self.args, self.own, self.topology = args, own, topology
+        self.profile, self.calibrate = profile, calibrate
+        self.columns = list(before.columns)
+        self.sizes = sorted(int(b) for b in before.batch_size.unique())
+        self.runs = max(1, math.ceil(profile_runs / args.rounds))
+        self.profiles = None
+        self.profile_steps = profile_steps(before, "before")
+        self.samples: list = []
+        self.calibrations: list[dict] = []
+
+    def __call__(self, round_index: int | None = None) -> None:
+        when = "after" if round_index is None else f"after round {round_index + 1}"
+        if self.profile:
+            self._profile_again(when, round_index is None)
+        if self.calibrate:
+            self._calibrate_again(when, round_index is None)
+
+    def _profile_again(self, when: str, last: bool) -> None:
+        import pandas as pd
+
+        from tag_core.profile.profiler import profile_model
+
+        from ._common import open_store
+
+        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, "
+             f"{'after the measurement' if last else when}")
+        conn = open_store(self.args)
+        try:
+            profile = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
+        finally:
+            conn.close()
+        self.profile_steps += profile_steps(profile, when)
+        if self.profiles is not None:
+            profile = profile.assign(run=profile.run + int(self.profiles.run.max()) + 1)
+            profile = pd.concat([self.profiles, profile[self.columns]], ignore_index=True)
+        self.profiles = profile[self.columns]
+
+    def _calibrate_again(self, when: str, last: bool) -> None:
+        from tag_core.runtime.calibrate import CalibrationError, CalibrationSettings, calibrate_local
+        from tag_core.runtime.local_cluster import ServerStartError
+
+        _say(f"calibrating {self.topology.num_machines} local tasks again, {'after the measurement' if last else when}")
+        repeats = max(2, math.ceil(CALIBRATION_REPEATS / self.args.rounds))
+        try:
+            calibration, _ = calibrate_local(self.topology.num_machines, CalibrationSettings(repeats=repeats),
+                                             progress=False)
+        except (CalibrationError, ServerStartError) as exc:  # the window's other calibrations still count
+            _say(f"warning: the calibration {when} failed: {exc}")
+            self.calibrations.append({"calibration": when, "error": str(exc)})
+            return
+        self.samples += calibration.samples
+        self.calibrations.append({"calibration": when, **_headline(calibration)})
+
+    def comm(self):
+        """The communication model of one calibration fitted to every sample of the window (None: none)."""
+        from tag_core.runtime.calibrate import CalibrationError, fit_samples
+        from tag_core.simulate.comm import CommModel
+
+        if not self.samples:
+            return None
+        try:
+            calibration = fit_samples(self.samples, self.topology.name, self.topology.content_hash(), "local")
+        except CalibrationError:
+            return None
+        return CommModel.from_calibration(calibration)
+
+    def report(self) -> dict:
+        """The window's part of `tag fidelity --json`."""
+        comm = self.comm() if self.calibrate else None
+        return {"profile_steps": self.profile_steps if self.profile else None,
+                "calibrations_during": self.calibrations if self.calibrate else None,
+                "calibration_during": comm.calibration_hash if comm is not None else None}
+
+
+def _headline(calibration) -> dict:
+    """What moves from one calibration to the next: the step launch by tasks and the share compute hides."""
+    from tag_core.simulate.comm import CommModel
+
+    comm = CommModel.from_calibration(calibration)
+    return {"hash": calibration.calibration_hash, "step_s_by_tasks": comm.step_s_by_tasks,
+            "compute_overlap": comm.compute_overlap}
+
+
+def profile_steps(frame, when: str) -> list[dict]:
+    """Per batch size of a profile (one device type: this machine's): its step, the ops added up."""
+    from tag_core.simulate.cost import profiled_steps
+
+    return [{"profile": when, "batch_size": int(b), "step_s": float(us) * 1e-6}
+            for (_, b), us in profiled_steps(frame).items()]
