@@ -16,6 +16,7 @@ from tag_core import store
 from tag_core.capture import resolve_model
 from tag_core.cli import main
 from tag_core.cluster import parse_topology
+from tag_core.cluster.calibration import load_from_store
 from tag_core.emit import emit, write_emission
 from tag_core.plan.measured_error import median_abs_error
 from tag_core.runtime import run_emitted
@@ -224,7 +225,9 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     during = report["calibrations_during"]
     assert [c["calibration"] for c in during] == ["after round 1", "after"]
     assert all(c["step_s_by_tasks"]["1"] > 0 and 0 <= c["compute_overlap"] <= 1 for c in during)
-    assert report["calibration_during"] not in (None, report["calibration"], *(c["hash"] for c in during))
+    # One fit of all of it gives the predictions, is stored, and is what the stored measured steps name.
+    assert report["calibration_during"] == report["calibration"]
+    assert report["calibration"] not in (None, *(c["hash"] for c in during))
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing
@@ -232,6 +235,9 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     with store.connect(read_only=True) as conn:
         rows = store.load_measured_steps(conn, topology="local-2")
     assert sorted(rows.strategy) == ["duplicate", "single"] and (rows.measured_s > 0).all()
+    assert set(rows.calibration_hash) == {report["calibration"]}
+    with store.connect(read_only=True) as conn:
+        assert load_from_store(conn, calibration_hash=report["calibration"]).topology == "local-2"
     # The stored rows carry the report's predictions (from the profiles after the rounds), not plan.json's from before.
     reported = {r["strategy"]: r["predicted_s"] for r in report["rows"]}
     assert {r.strategy: r.predicted_s for r in rows.itertuples()} == pytest.approx(reported)

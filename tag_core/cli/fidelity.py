@@ -69,8 +69,8 @@ def register(subparsers) -> None:
                              "predicted_before_s)")
     parser.add_argument("--calibrate-after", action="store_true",
                         help="calibrate this machine's tasks again after each round (as `tag calibrate --local N` "
-                             "does) and predict with one calibration fitted to all of those samples (the topology's "
-                             "stored calibration stays as it is)")
+                             "does) and predict with one calibration fitted to all of those samples, stored as the "
+                             "topology's newest")
     add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
@@ -143,9 +143,10 @@ def run(args) -> int:
         stored = _measure(args, rows, folders, window) if folders else {}
         if window is not None:
             window()
-            _predict_again(rows, emissions, profiles if window.profiles is None else window.profiles,
-                           window.comm() or comm, uncalibrated)
-        _store(args, rows, stored)
+            comm = window.comm() or comm
+            _predict_again(rows, emissions, profiles if window.profiles is None else window.profiles, comm,
+                           uncalibrated)
+        _store(args, rows, stored, comm.calibration_hash)
     report = summarise(rows, spec.name, topology.name, batch, comm.calibration_hash, args.steps, args.warmup)
     report["rounds"] = args.rounds
     report["measured_error"] = error.to_dict() if error is not None else None  # what the TAG row's search weighed
@@ -328,14 +329,15 @@ def _measure(args, rows: list[dict], folders: dict[str, Path], between_rounds=No
     return stored
 
 
-def _store(args, rows: list[dict], stored: dict[str, dict]) -> None:
+def _store(args, rows: list[dict], stored: dict[str, dict], calibration_hash: str | None) -> None:
     """Each timed strategy's `measured_steps` row, with the prediction the report gives (from the profiles
-    after the rounds with --profile-after)."""
+    and the calibration after the rounds with --profile-after and --calibrate-after)."""
     from tag_core.runtime.measure import save_measured_step
 
     for row in rows:
         if row["strategy"] in stored:
-            save_measured_step({**stored[row["strategy"]], "predicted_s": row["predicted_s"]}, args.db)
+            save_measured_step({**stored[row["strategy"]], "predicted_s": row["predicted_s"],
+                                "calibration_hash": calibration_hash}, args.db)
 
 
 def summarise(rows: list[dict], model: str, topology: str, batch: int, calibration: str | None, steps: int,
