@@ -4,9 +4,9 @@ On a shared machine a step's speed can move by half within a minute, and so can 
 two calibrations of the same local cluster, minutes apart, put its step launch at 1.28 and 1.88 ms and the
 share of transfers compute hides at 49% and 10%. Profiles and a calibration made before the measurement may
 have caught another machine than the rounds did. So, while the interleaved measurement waits after each round
-(and once after the last, before its servers stop), `MeasurementWindow` can profile the model again
-(--profile-after) and calibrate this machine's cluster again (--calibrate-after: servers of their own, pinned
-to the cores of the measurement's, which idle meanwhile; the waiting measurement holds its client's port). The
+(and once after the last), `MeasurementWindow` can profile the model again (--profile-after) and calibrate
+this machine's cluster again (--calibrate-after: servers of their own, pinned to the cores of the measurement's,
+which idle meanwhile; the waiting measurement holds its client's port). The
 report predicts from what was measured in the window: the profiles' rows together, and one calibration fitted
 to every sample of the window.
 """
