@@ -174,12 +174,13 @@ def test_a_tensor_goes_once_to_a_device_however_many_of_its_ops_read_it():
     assert simulate(named_alike, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 0, 1, 1]))
                     ).comm_s["p2p"] == pytest.approx(2 * x)
     # The reader kept is the first in the strategy's execution order (SFB moves ops later), not the graph's.
-    from tag_core.simulate.expand import _first_consumers
+    from tag_core.simulate.expand import _later_readers
 
     sim = Simulator(g, topo)
-    both = np.array([0, 1])  # a -> b and a -> c
-    assert _first_consumers(sim, both, sim.pos).tolist() == [0]
-    assert _first_consumers(sim, both, sim.pos[::-1].copy()).tolist() == [1]
+    one_pattern = np.zeros(3, dtype=np.int64)  # a -> b, a -> c and a -> d lead to the same devices
+    assert sorted(_later_readers(sim, one_pattern, sim.pos).tolist()) == [1, 2]  # b reads first
+    assert sorted(_later_readers(sim, one_pattern, sim.pos[::-1].copy()).tolist()) == [0, 1]  # d reads first
+    assert _later_readers(sim, np.array([0, 0, 1]), sim.pos).tolist() == [1]  # d's pattern is another
     # A pure dependency is one signal per device too.
     control = OpGraph("fan-out", 1, ops, [Edge(0, 1, 0, False, ""), Edge(0, 2, 0, False, "")], [])
     assert simulate(control, topo, Strategy.uniform(4, 3, 3, "model_parallel", op_devices=np.array([0, 1, 1, 1]))

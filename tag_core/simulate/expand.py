@@ -154,9 +154,13 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray,
     cross = src_pl != dst_pl
     if not cross.any() and not (mode == PUSH).any():
         return no_transfers(), no_collectives()
-    uniq, inverse = np.unique(key, return_inverse=True)
+    kept = np.ones(len(key), dtype=bool)
+    kept[_later_readers(ctx, key, pos)] = False
+    kept = np.flatnonzero(kept)
+    uniq, inverse = np.unique(key[kept], return_inverse=True)
     pieces, gathered, resharded = [], [], []
-    by_key = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse, minlength=len(uniq)))[:-1])
+    by_key = np.split(kept[np.argsort(inverse, kind="stable")],
+                      np.cumsum(np.bincount(inverse, minlength=len(uniq)))[:-1])
     descs: dict[int, tuple] = {}
     desc = lambda pl: descs[pl] if pl in descs else descs.setdefault(pl, _placement_desc(ctx, p, s, pl))  # noqa: E731
     for u_i, u in enumerate(uniq.tolist()):
@@ -166,7 +170,7 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray,
         sp, dp = divmod(pair, P)
         if sp == dp and m != PUSH:
             continue  # same placement: every replica reads its own producer
-        edges = _first_consumers(ctx, by_key[u_i], pos)
+        edges = by_key[u_i]
         if G <= sp < G + D and G <= dp < G + D:  # one device to another (PS, model parallel): the common pair
             pieces.append((edges, np.array([[sp - G, dp - G, 1.0, P2P]])))
             continue
@@ -217,19 +221,19 @@ def edge_transfers(ctx, p: Placement, s: Strategy, reduced_vars: np.ndarray,
                      channel=ctx.dev_channel[src_dev, dst_dev], kind=kind), colls
 
 
-def _first_consumers(ctx, edges: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """`edges` less those whose tensor goes to an earlier consumer (in execution order) by another of them.
+def _later_readers(ctx, key: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Edges whose tensor an earlier consumer (in execution order) of the same pattern `key` receives already.
 
     The edges of one pattern lead to the same devices. TF sends a tensor (or a control signal) once to each
     device that consumes it, and a device runs its ops in execution order: its first consumer waits for the
     tensor, and the others come after that one (an Adam update's Sub and Square of one gradient on a PS: one
-    push, not two)."""
-    shared = edges[ctx.e_shared[edges]]
+    push, not two). One sort over every edge whose tensor other edges carry too."""
+    shared = np.flatnonzero(ctx.e_shared)
     if len(shared) < 2:
-        return edges
-    shared = shared[np.lexsort((pos[ctx.e_dst[shared]], ctx.e_tensor[shared]))]
-    later = shared[1:][ctx.e_tensor[shared[1:]] == ctx.e_tensor[shared[:-1]]]
-    return edges[~np.isin(edges, later)] if len(later) else edges
+        return shared
+    shared = shared[np.lexsort((pos[ctx.e_dst[shared]], ctx.e_tensor[shared], key[shared]))]
+    tensor, pattern = ctx.e_tensor[shared], key[shared]
+    return shared[1:][(tensor[1:] == tensor[:-1]) & (pattern[1:] == pattern[:-1])]
 
 
 def _collective_shape(ctx, src, dst, batch: bool, mode: int):
