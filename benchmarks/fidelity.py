@@ -191,7 +191,7 @@ def markdown(report: dict) -> str:
                   "collective ops.", "",
                   *_weighed(m.get("measured_error")),
                   *_profile_steps(m.get("profile_steps")),
-                  *_calibrations_during(m.get("calibrations_during"), m.get("calibration_during")),
+                  *_calibrations_during(m.get("calibrations_during"), m.get("calibration")),
                   "| strategy | predicted ms | measured ms | IQR ms | error | terms (ms) | emitted |",
                   "|---|---|---|---|---|---|---|"]
         for r in m["rows"]:

@@ -226,7 +226,6 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert [c["calibration"] for c in during] == ["after round 1", "after"]
     assert all(c["step_s_by_tasks"]["1"] > 0 and 0 <= c["compute_overlap"] <= 1 for c in during)
     # One fit of all of it gives the predictions, is stored, and is what the stored measured steps name.
-    assert report["calibration_during"] == report["calibration"]
     assert report["calibration"] not in (None, *(c["hash"] for c in during))
     assert report["spearman"] is None or -1.0 <= report["spearman"] <= 1.0
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None

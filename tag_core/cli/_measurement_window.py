@@ -29,8 +29,8 @@ class MeasurementWindow:
     """Called between the rounds (round index) and after the last (None). `profiles` (None without
     --profile-after): the window's profile rows, runs numbered on; `profile_steps`: how fast each profile ran,
     the one before first. `comm()` (None without --calibrate-after): the communication model fitted to every
-    calibration sample of the window; `calibrations`: each of the window's calibrations' headline terms.
-    Call `calibration()` only once the window has closed: its first fit is the one kept and stored."""
+    calibration sample of the window (call it once the window has closed); `calibrations`: each of the window's
+    calibrations' headline terms."""
 
     def __init__(self, args, own, before, topology: Topology, profile: bool, calibrate: bool, profile_runs: int):
         self.args, self.own, self.topology = args, own, topology
@@ -42,7 +42,6 @@ class MeasurementWindow:
         self.profile_steps = profile_steps(before, "before")
         self.samples: list = []
         self.calibrations: list[dict] = []
-        self._calibration = None
 
     def __call__(self, round_index: int | None = None) -> None:
         when = "after" if round_index is None else f"after round {round_index + 1}"
@@ -95,18 +94,18 @@ class MeasurementWindow:
 
         from ._common import open_store
 
-        if self._calibration is None and self.samples:
-            try:
-                self._calibration = fit_samples(self.samples, self.topology.name, self.topology.content_hash(),
-                                                "local")
-            except CalibrationError:
-                return None
-            conn = open_store(self.args)
-            try:
-                save_to_store(conn, self._calibration)
-            finally:
-                conn.close()
-        return self._calibration
+        if not self.samples:
+            return None
+        try:
+            calibration = fit_samples(self.samples, self.topology.name, self.topology.content_hash(), "local")
+        except CalibrationError:
+            return None
+        conn = open_store(self.args)
+        try:
+            save_to_store(conn, calibration)
+        finally:
+            conn.close()
+        return calibration
 
     def comm(self):
         """The communication model of `calibration()` (None: none)."""
@@ -116,11 +115,9 @@ class MeasurementWindow:
         return None if calibration is None else CommModel.from_calibration(calibration)
 
     def report(self) -> dict:
-        """The window's part of `tag fidelity --json`."""
-        calibration = self.calibration() if self.calibrate else None
+        """The window's part of `tag fidelity --json` (the calibration the predictions used is the report's own)."""
         return {"profile_steps": self.profile_steps if self.profile else None,
-                "calibrations_during": self.calibrations if self.calibrate else None,
-                "calibration_during": calibration.calibration_hash if calibration is not None else None}
+                "calibrations_during": self.calibrations if self.calibrate else None}
 
 
 def _headline(calibration) -> dict:

@@ -151,7 +151,7 @@ def run(args) -> int:
     report["rounds"] = args.rounds
     report["measured_error"] = error.to_dict() if error is not None else None  # what the TAG row's search weighed
     report.update(window.report() if window is not None else
-                  {"profile_steps": None, "calibrations_during": None, "calibration_during": None})
+                  {"profile_steps": None, "calibrations_during": None})
     report["wall_s"] = time.monotonic() - started
     if args.json:
         print_json(report)
