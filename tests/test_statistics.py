@@ -78,3 +78,32 @@ def test_an_emitted_graph_names_its_statistics_and_its_prediction_charges_them()
     # An mlp's loss is a plain mean over a batch of known size: only its gradients are summed.
     mlp = emit(resolve_model("mlp[features=12,hidden=16]", 8), two, data_parallel, "cpu")
     assert statistic_ops(mlp) == [] and "statistics_summed" not in predict_emission(mlp, None, CommModel(), None)
+
+
+def test_a_statistic_waits_while_its_members_compute_as_a_busy_senders_tensor_does():
+    import pandas as pd
+
+    from tag_core.capture import Edge, Op, OpGraph
+    from tag_core.simulate import CommModel
+
+    # x, then the statistic s, then w (computes on, independent of s), then r (reads s).
+    g = OpGraph("stat", 1, [Op("x", "Relu", 4, 0), Op("s", "Sum", 4, 0), Op("w", "Relu", 4, 0),
+                            Op("r", "Mul", 4, 0)],
+                [Edge(0, 1, 4, False, "x:0"), Edge(0, 2, 4, False, "x:0"), Edge(1, 3, 4, False, "s:0")], [])
+    topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), inter_gbps=10.0)
+    strategy = Strategy.uniform(4, 2, 2, "allreduce", overlap=False)
+    delay = 3e-3
+    cases = {  # x's time (us): when the all-reduce of s starts, late by how much
+        "the members have just begun": (5.0, delay),  # they compute w: their threads wait for the scheduler
+        "the members have computed long enough": (10_000.0, 10_005e-6),  # s is ready at 10.005 ms: no wait
+    }
+    for name, (x_us, start) in cases.items():
+        times = {"x": x_us, "s": 5.0, "w": 20_000.0, "r": 5.0}
+        prof = pd.DataFrame([("stat", op, V100, batch, 0, us) for op, us in times.items() for batch in (1, 2)],
+                            columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        starts = {}
+        for d in (0.0, delay):
+            sim = Simulator(g, topo, prof, comm=CommModel(busy_send_s=d), statistics=[g.index["s"]])
+            starts[d] = sim.run(strategy, timeline=True).timeline.comm_start.min()
+        assert starts[0.0] == pytest.approx(1e-6 * (x_us + 5.0)), name
+        assert starts[delay] == pytest.approx(start), name
