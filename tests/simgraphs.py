@@ -9,6 +9,7 @@ from tag_core.cluster import GpuType, Machine, Topology, lookup_gpu
 
 BATCH = 8
 W_BYTES = 4_000_000
+PROFILE_COLUMNS = ["model", "op", "device_type", "batch_size", "run", "time_us"]
 
 
 def train_graph(weight_bytes: int = W_BYTES, layers: int = 1) -> OpGraph:
@@ -56,7 +57,13 @@ def profiles(graph: OpGraph, device_type: str, per_sample_us: float = 10.0, cons
             base = per_sample_us * b if op.batch_scaled else constant_us
             for run, jitter in enumerate((1.0, 0.9, 1.3)):
                 rows.append((graph.model, op.name, device_type, b, run, base * jitter))
-    return pd.DataFrame(rows, columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+    return pd.DataFrame(rows, columns=PROFILE_COLUMNS)
+
+
+def fixed_profiles(graph: OpGraph, device_type: str, times_us: dict[str, float], batches=(4, 8)) -> pd.DataFrame:
+    """Each op takes times_us[its name] at every batch size, one run: a step whose ops' times a test chooses."""
+    rows = [(graph.model, op, device_type, b, 0, us) for op, us in times_us.items() for b in batches]
+    return pd.DataFrame(rows, columns=PROFILE_COLUMNS)
 
 
 def topology(*machines: tuple[str, str | GpuType, int, float], inter_gbps: float = 10.0, links=()) -> Topology:

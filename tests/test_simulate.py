@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from simgraphs import BATCH, W_BYTES, profiles, topology, train_graph
+from simgraphs import BATCH, W_BYTES, fixed_profiles, profiles, topology, train_graph
 
 from tag_core.capture import Edge, Op, OpGraph, Variable
 from tag_core.errors import TagInputError
@@ -467,8 +467,6 @@ def test_a_measured_feed_from_the_client_is_charged_for_the_whole_batch():
 
 
 def test_communication_the_compute_cannot_hide_is_charged_to_its_endpoints():
-    import pandas as pd
-
     from tag_core.simulate import CommModel
 
     nbytes = 12_500_000  # 10 ms at 10 Gbit/s
@@ -479,8 +477,7 @@ def test_communication_the_compute_cannot_hide_is_charged_to_its_endpoints():
     x, moving = transfer_time(nbytes, 10.0), nbytes / bytes_per_s(10.0)  # the latency is a wait, not work
     for b_us in (30_000.0, 5.0):  # machine m1 computes b while a's output crosses, or waits for it
         times = {"a": 5.0, "b": b_us, "c": 5.0}
-        prof = pd.DataFrame([("join", op, V100, batch, 0, us) for op, us in times.items() for batch in (4, 8)],
-                            columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        prof = fixed_profiles(g, V100, times)
         hidden, unhidden = (Simulator(g, topo, prof, comm=CommModel(compute_overlap=share)).run(s).iteration_time_s
                             for share in (1.0, 0.0))
         a, b, c = (1e-6 * times[k] for k in "abc")
@@ -490,8 +487,6 @@ def test_communication_the_compute_cannot_hide_is_charged_to_its_endpoints():
 
 
 def test_a_sender_whose_steps_compute_has_just_begun_keeps_its_transfer_waiting():
-    import pandas as pd
-
     from tag_core.simulate import CommModel
 
     # a (m0) feeds c (m1) and, on m0, s; c computes 30 ms once a's output arrives.
@@ -507,8 +502,7 @@ def test_a_sender_whose_steps_compute_has_just_begun_keeps_its_transfer_waiting(
     }
     for name, (a_us, s_us, s_device, late) in cases.items():
         times = {"a": a_us, "s": s_us, "c": 30_000.0}
-        prof = pd.DataFrame([("send", op, V100, batch, 0, us) for op, us in times.items() for batch in (4, 8)],
-                            columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        prof = fixed_profiles(g, V100, times)
         strategy = Strategy.uniform(3, 2, 2, "model_parallel", op_devices=np.array([0, s_device, 1]))
         plain, busy = (Simulator(g, topo, prof, comm=CommModel(busy_send_s=d)).run(strategy).iteration_time_s
                        for d in (0.0, delay))

@@ -4,7 +4,7 @@ batch-wide figure that is not a gradient, and the ops that read it wait."""
 from __future__ import annotations
 
 import pytest
-from simgraphs import profiles, topology, train_graph
+from simgraphs import fixed_profiles, profiles, topology, train_graph
 
 from tag_core.errors import TagInputError
 from tag_core.simulate import Simulator, Strategy
@@ -81,8 +81,6 @@ def test_an_emitted_graph_names_its_statistics_and_its_prediction_charges_them()
 
 
 def test_a_statistic_waits_while_its_members_compute_as_a_busy_senders_tensor_does():
-    import pandas as pd
-
     from tag_core.capture import Edge, Op, OpGraph
     from tag_core.simulate import CommModel
 
@@ -93,14 +91,13 @@ def test_a_statistic_waits_while_its_members_compute_as_a_busy_senders_tensor_do
     topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), inter_gbps=10.0)
     strategy = Strategy.uniform(4, 2, 2, "allreduce", overlap=False)
     delay = 3e-3
-    cases = {  # x's time (us): when the all-reduce of s starts, late by how much
+    cases = {  # x's time (us), and when the all-reduce of s starts with the delay
         "the members have just begun": (5.0, delay),  # they compute w: their threads wait for the scheduler
         "the members have computed long enough": (10_000.0, 10_005e-6),  # s is ready at 10.005 ms: no wait
     }
     for name, (x_us, start) in cases.items():
         times = {"x": x_us, "s": 5.0, "w": 20_000.0, "r": 5.0}
-        prof = pd.DataFrame([("stat", op, V100, batch, 0, us) for op, us in times.items() for batch in (1, 2)],
-                            columns=["model", "op", "device_type", "batch_size", "run", "time_us"])
+        prof = fixed_profiles(g, V100, times, batches=(1, 2))
         starts = {}
         for d in (0.0, delay):
             sim = Simulator(g, topo, prof, comm=CommModel(busy_send_s=d), statistics=[g.index["s"]])
