@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from simgraphs import BATCH, W_BYTES, fixed_profiles, profiles, topology, train_graph
+from simgraphs import BATCH, W_BYTES, calibration, fixed_profiles, profiles, topology, train_graph
 
 from tag_core.capture import Edge, Op, OpGraph, Variable
 from tag_core.errors import TagInputError
@@ -352,27 +352,12 @@ def test_variables_an_op_takes_together_share_a_ps_class():
 # ---- calibrated communication --------------------------------------------------------------
 
 
-def _calibration(topo, collectives=None, per_step_s=0.0, samples=()):
-    from tag_core.cluster.calibration import Calibration, Fit, Overheads
-
-    def fit(latency_s, gbps):
-        return Fit(latency_s=latency_s, gbps=gbps, residual_rms_s=0.0, residual_max_rel=0.0, samples=6)
-
-    return Calibration(topology=topo.name, topology_hash=topo.content_hash(), source="local", host="here",
-                       code_version="test", links={"inter": fit(9e-4, 7.8), "intra": fit(2e-5, 80.0)},
-                       collectives={kind: {link: {n: fit(*terms) for n, terms in sizes.items()}
-                                           for link, sizes in by_link.items()}
-                                    for kind, by_link in (collectives or {}).items()},
-                       overheads=Overheads(per_op_s=1e-5, per_step_s=per_step_s, per_transfer_s=1e-3),
-                       samples=tuple(samples))
-
-
 def test_a_calibration_sets_latency_and_bandwidth_per_link_class():
     from tag_core.simulate import CommModel
 
     g = train_graph(layers=1)
     topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
-    comm = CommModel.from_calibration(_calibration(topo, per_step_s=2e-3))
+    comm = CommModel.from_calibration(calibration(topo, per_step_s=2e-3))
     strategy = _dp(g, topo, overlap=False)
     plain = Simulator(g, topo, profiles(g, V100)).run(strategy)
     calibrated = Simulator(g, topo, profiles(g, V100), comm=comm).run(strategy)
@@ -397,12 +382,12 @@ def test_a_measured_collective_is_used_as_it_is():
 
     g = train_graph(layers=1)
     topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
-    comm = CommModel.from_calibration(_calibration(topo, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
+    comm = CommModel.from_calibration(calibration(topo, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
     result = Simulator(g, topo, profiles(g, V100), comm=comm).run(_dp(g, topo, overlap=False))
     assert result.comm_s["allreduce"] == pytest.approx(3e-3 + W_BYTES / bytes_per_s(2.0))
     # A group size it did not measure keeps the ring formula, with the measured latency.
     three = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), ("c", V100, 1, 100.0), inter_gbps=25.0)
-    comm3 = CommModel.from_calibration(_calibration(three, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
+    comm3 = CommModel.from_calibration(calibration(three, {"allreduce": {"inter": {2: (3e-3, 2.0)}}}))
     result3 = Simulator(g, three, profiles(g, V100), comm=comm3).run(_dp(g, three, overlap=False))
     assert result3.comm_s["allreduce"] == pytest.approx(ring_allreduce_time(W_BYTES, 3, 7.8, 9e-4))
 
@@ -415,55 +400,11 @@ def test_launching_a_step_costs_what_was_measured_for_the_tasks_it_touches():
     topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
     steps = [Sample("step", None, tasks, None, run, seconds) for tasks, seconds in ((1, 5e-4), (2, 2e-3))
              for run in range(3)]
-    comm = CommModel.from_calibration(_calibration(topo, per_step_s=2e-3, samples=steps))
+    comm = CommModel.from_calibration(calibration(topo, per_step_s=2e-3, samples=steps))
     one = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])  # machine a alone: no communication
     plain = Simulator(g, topo, profiles(g, V100)).run(one).iteration_time_s
     assert Simulator(g, topo, profiles(g, V100), comm=comm).run(one).iteration_time_s - plain == pytest.approx(5e-4)
     assert comm.step_cost(1) == 5e-4 and comm.step_cost(2) == 2e-3 and comm.step_cost(3) == 2e-3
-
-
-def test_a_step_launches_on_the_tasks_it_touches_and_rows_cross_from_the_fed_task():
-    from dataclasses import replace
-
-    from tag_core.cluster.calibration import Sample
-    from tag_core.simulate import CommModel
-
-    g = train_graph(layers=1)
-    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
-    steps = [Sample("step", None, tasks, None, run, seconds) for tasks, seconds in ((1, 5e-4), (2, 2e-3))
-             for run in range(3)]
-    comm = CommModel.from_calibration(_calibration(topo, samples=steps))
-    on_a = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])
-    on_b = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[False, True])
-    on_both = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, True])
-    plain = Simulator(g, topo, profiles(g, V100))
-    calibrated = Simulator(g, topo, profiles(g, V100), comm=comm)
-    # The session's master is the client's own: a step on b alone launches on b alone, fed there directly.
-    assert calibrated.run(on_a).iteration_time_s - plain.run(on_a).iteration_time_s == pytest.approx(5e-4)
-    assert calibrated.run(on_b).iteration_time_s - plain.run(on_b).iteration_time_s == pytest.approx(5e-4)
-    # On both, the input is fed to a's task and b's half of its rows crosses before b can start.
-    unfed = Simulator(g, topo, profiles(g, V100), comm=replace(comm, client_feeds=False))
-    assert calibrated.run(on_both).iteration_time_s - unfed.run(on_both).iteration_time_s == pytest.approx(
-        transfer_time(4 * BATCH * 256 / 2, 7.8, 9e-4), rel=1e-6)
-    # Without a calibration the paper's setting holds: each worker reads its own data, launching is free.
-    assert plain.run(on_b).iteration_time_s == pytest.approx(plain.run(on_a).iteration_time_s)
-
-
-def test_a_measured_feed_from_the_client_is_charged_for_the_whole_batch():
-    from dataclasses import replace
-
-    from tag_core.cluster.calibration import Fit
-    from tag_core.simulate import CommModel
-
-    g = train_graph(layers=1)
-    topo = topology(("a", V100, 1, 100.0), ("b", V100, 1, 100.0), inter_gbps=25.0)
-    feed = Fit(latency_s=1e-4, gbps=2.0, residual_rms_s=0.0, residual_max_rel=0.0, samples=10)
-    plain = CommModel.from_calibration(_calibration(topo))
-    measured = replace(plain, feed_fit=feed)
-    on_a = Strategy.uniform(len(g.ops), 2, 2, "allreduce", mask=[True, False])
-    extra = (Simulator(g, topo, profiles(g, V100), comm=measured).run(on_a).iteration_time_s
-             - Simulator(g, topo, profiles(g, V100), comm=plain).run(on_a).iteration_time_s)
-    assert extra == pytest.approx(1e-4 + 4 * BATCH * 256 / bytes_per_s(2.0))
 
 
 def test_communication_the_compute_cannot_hide_is_charged_to_its_endpoints():

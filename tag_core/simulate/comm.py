@@ -45,7 +45,7 @@ class CommModel:
     link_gbps: dict[str, float] = field(default_factory=dict)  # link class -> measured bandwidth
     fits: dict[tuple[str, str, int], Fit] = field(default_factory=dict)  # (kind, link, group size)
     calibration_hash: str | None = None
-    client_feeds: bool = False  # charge the batch the client feeds through task 0 (simulate/feeds.py)
+    client_feeds: bool = False  # charge the batch the client feeds (simulate/feeds.py)
     feed_fit: Fit | None = None  # the client's feed to task 0, when the calibration measured it
     compute_overlap: float = 1.0  # share of communication that compute hides (simulate/comm_cpu.py)
     transfer_gap_s: float | None = None  # a link's time between independent transfers (None: their whole time)

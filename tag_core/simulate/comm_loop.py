@@ -13,7 +13,9 @@ it sends waits, and so does a collective it takes part in (each member sends; wh
 its way, the task's executor runs whatever else is ready, so its core stays busy while its chain has work).
 The scheduler lets a thread that woke preempt one only once that one has run a while, and a compute thread
 that slept between steps starts with that while in hand (measured on two local servers: a tensor sent at a
-step's start waited 2.8 ms, one sent in its middle 0.6 ms).
+step's start waited 2.8 ms, one sent in its middle 0.6 ms). A receiver asks for every tensor as its step
+begins, so once a task has let its requests in, nothing it sends waits: a step whose fed rows already waited
+so (feeds.py) passes no hold for its transfers. A collective's members exchange when it runs.
 """
 
 from __future__ import annotations
@@ -73,12 +75,13 @@ def _arrive(cum, dur, base, ext_base, ext_len, ext_idx, ext_val, sl, k, when):
 
 @njit(cache=True, nogil=True)
 def run_items(cum, dur, base, lens, ext_base, item_kind, item_ref,
-              t_src_slot, t_src_k, t_cons_slot, t_cons_k, t_chan, t_dur, t_busy, busy_send,
+              t_src_slot, t_src_k, t_cons_slot, t_cons_k, t_chan, t_dur, t_busy, busy_send, collective_busy_send,
               in_ptr, in_slot, in_k, chan_ptr, chan_ids, coll_dur, held, last_grad,
               d_slot, d_k, d_unit, num_channels):
     """Returns (transfer start, transfer end, collective start, collective end, ext_len, ext_idx, ext_val).
 
     `t_busy[i]`: how long transfer i holds its channel (its duration `t_dur[i]` unless a gap was measured).
+    `busy_send`, `collective_busy_send`: how long a computing sender holds a transfer and a collective.
     `held[c]`: collective c waits for the end of the backward pass, the latest end of `last_grad[k]` (a chain
     position, -1 for none) over the slots."""
     S = len(base)
@@ -108,9 +111,9 @@ def run_items(cum, dur, base, lens, ext_base, item_kind, item_ref,
             ready = 0.0
             for j in range(in_ptr[ref], in_ptr[ref + 1]):  # every member sends, as a transfer's sender does
                 member = _end_at(cum, base, ext_base, ext_len, ext_idx, ext_val, in_slot[j], in_k[j])
-                if busy_send > 0.0:
+                if collective_busy_send > 0.0:
                     member = _sender_free(cum, dur, base, lens, ext_base, ext_len, ext_idx, ext_val, in_slot[j],
-                                          in_k[j], member, busy_send)
+                                          in_k[j], member, collective_busy_send)
                 ready = max(ready, member)
             if held[ref]:
                 if barrier < 0.0:

@@ -55,9 +55,12 @@ class Schedule:
 
 
 def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, order: np.ndarray, pos: np.ndarray,
-             machines: bool = True) -> Schedule:
+             machines: bool = True, rows_forwarded: bool = False) -> Schedule:
     """`order`, `pos`: the strategy's execution order and each op's place in it (`execution_order`).
     `machines`: collapse symmetric machines (slots.py); off for a timeline, which shows every transfer.
+    `rows_forwarded`: the step began with input rows sent on from a computing task (feeds.py), which waited
+    for its compute to let them go; the other tasks' requests for its tensors went out with theirs, so no
+    transfer of the schedule waits for a busy sender again (a collective, begun mid-step, still does).
     When the collapse drops transfers, `t` is used up (its fields are let go): the kept ones are in the
     Schedule, and a PS on thousands of GPUs has ten times as many dropped as kept."""
     slots = make_slots(ctx, p, t, machines)
@@ -150,7 +153,8 @@ def schedule(ctx, p: Placement, s: Strategy, t: Transfers, colls: Collectives, o
     tr_start, tr_end, coll_start, coll_end, ext_len, ext_idx, ext_val = run_items(
         cum, dur_flat, base, lens, ext_base, np.concatenate(kinds)[item_order], np.concatenate(refs)[item_order],
         src_slot.astype(np.int64), src_k.astype(np.int64), cons_slot.astype(np.int64), cons_k.astype(np.int64),
-        t_chan.astype(np.int64), tr_dur, held_for, float(ctx.comm.busy_send_s),
+        t_chan.astype(np.int64), tr_dur, held_for, 0.0 if rows_forwarded else float(ctx.comm.busy_send_s),
+        float(ctx.comm.busy_send_s),
         _pointers(in_count), in_slot.astype(np.int64), in_k.astype(np.int64), _pointers(chan_count), chan_ids,
         colls.duration.astype(np.float64), held, last_grad, d_slot.astype(np.int64), d_k.astype(np.int64),
         d_unit.astype(np.int64), num_channels)

@@ -2,15 +2,18 @@
 
 On a local cluster the session's master runs in the client's own process (tag_core.runtime.local_cluster),
 so a step's launch reaches every task that runs an op, and only those. A calibrated model
-(`CommModel.client_feeds`) also charges the batch the client feeds: the whole batch goes from the
-client's process to the task of each input op (the calibration's "client" link, when it measured one);
-the emitter places each input op whole on the first device of its placement and sends each other replica
-its rows from there, so those bytes cross before that machine's share of the step can start, and leave
-once the first machine's share, which starts with them, lets its threads run (`CommModel.busy_send_s`).
-Uncalibrated, the paper's setting holds: each worker reads its own data.
+(`CommModel.client_feeds`) also charges the batch the client feeds. TF's master feeds from the client's
+device, so every task that reads an input op whole (a duplicated one) gets its own copy straight from the
+client. A split input is read whole by the first device of its placement, which slices it and sends each
+other replica its rows: those bytes cross before that machine's share of the step can start, and leave once
+the first machine's compute, which starts with them, lets its threads run (`CommModel.busy_send_s`, at
+most that machine's compute: measured on two local servers, rows sliced on a task that computes 1 or 2 ms
+left when it was done). Uncalibrated, the paper's setting holds: each worker reads its own data.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,36 +22,55 @@ from .strategy import Strategy
 from .units import FULL, SINGLE, Placement
 
 
-def client_cost_s(ctx, s: Strategy, p: Placement, device_busy_s: np.ndarray) -> float:
+@dataclass
+class Feed:
+    """Where a step's input bytes go: from the client (`fed_bytes`, each whole copy counted) and, as rows
+    sliced on the first machine, from there to the others ((from machine, to machine) -> bytes)."""
+    fed_bytes: float = 0.0
+    forwarded: dict[tuple[int, int], float] = field(default_factory=dict)
+
+
+def plan_feed(ctx, s: Strategy, p: Placement) -> Feed | None:
+    """The step's feed when the model charges it (None: each worker reads its own data)."""
+    if not ctx.comm.client_feeds:
+        return None
+    feed = Feed()
+    for op in np.flatnonzero(ctx.is_input):
+        whole = float(ctx.act_bytes[op])
+        feed.fed_bytes += whole
+        if p.kind[op] == SINGLE:
+            continue
+        group = s.op_groups[op]
+        devices = np.flatnonzero(p.group_active[group])
+        first = int(ctx.dev_machine[devices[0]])
+        others = {int(m) for m in ctx.dev_machine[devices[1:]]} - {first}
+        if p.kind[op] == FULL:  # each machine's copy reads the input itself: one more copy from the client
+            feed.fed_bytes += whole * len(others)
+            continue
+        for device, fraction in zip(devices[1:], p.group_share[group, devices[1:]]):
+            to = int(ctx.dev_machine[device])
+            if to != first:
+                feed.forwarded[(first, to)] = feed.forwarded.get((first, to), 0.0) + whole * fraction
+    return feed
+
+
+def client_cost_s(ctx, feed: Feed | None, device_busy_s: np.ndarray) -> float:
     """The step's launch on the tasks it touches, plus the feed when the model charges it."""
     machines = set(ctx.dev_machine[device_busy_s > 0].tolist())
     cost = ctx.comm.step_cost(max(len(machines), 1))
-    if ctx.comm.client_feeds:
-        cost += feed_time_s(ctx, s, p)
+    if feed is not None:
+        cost += feed_time_s(ctx, feed, device_busy_s)
     return cost
 
 
-def feed_time_s(ctx, s: Strategy, p: Placement) -> float:
-    """The client's feed to the input ops' tasks, then the slowest machine's wait for the rows sent on from
-    there: they leave in parallel, one message per machine pair."""
-    arriving: dict[tuple[int, int], float] = {}  # (from machine, to machine) -> bytes
-    inputs = np.flatnonzero(ctx.is_input)
-    fed = ctx.comm.feed_fit.seconds(float(ctx.act_bytes[inputs].sum())) if ctx.comm.feed_fit and len(inputs) else 0.0
-    for op in inputs:
-        whole = float(ctx.act_bytes[op])
-        if p.kind[op] == SINGLE:
-            devices, fractions = np.array([p.single_dev[op]]), np.ones(1)
-        else:
-            group = s.op_groups[op]
-            devices = np.flatnonzero(p.group_active[group])
-            fractions = np.ones(len(devices)) if p.kind[op] == FULL else p.group_share[group, devices]
-        first = int(ctx.dev_machine[devices[0]])
-        for device, fraction in zip(devices[1:], fractions[1:]):
-            to = int(ctx.dev_machine[device])
-            if to != first:
-                arriving[(first, to)] = arriving.get((first, to), 0.0) + whole * fraction
-    if not arriving:
+def feed_time_s(ctx, feed: Feed, device_busy_s: np.ndarray) -> float:
+    """The client's feed, then the slowest machine's wait for the rows sent on to it: they leave in parallel,
+    one message per machine pair, once the sending machine's compute lets them."""
+    fed = ctx.comm.feed_fit.seconds(feed.fed_bytes) if ctx.comm.feed_fit and feed.fed_bytes else 0.0
+    if not feed.forwarded:
         return fed
-    # The first machine starts its own share as its rows leave: its compute holds them (comm_loop.py).
-    return fed + ctx.comm.busy_send_s + max(ctx.comm.inter_latency_s + nbytes / bytes_per_s(ctx.machine_bw[a, b])
-                                            for (a, b), nbytes in arriving.items())
+    machine_busy = np.zeros(int(ctx.dev_machine.max()) + 1)
+    np.maximum.at(machine_busy, ctx.dev_machine, device_busy_s)
+    return fed + max(min(ctx.comm.busy_send_s, float(machine_busy[a]))
+                     + ctx.comm.inter_latency_s + nbytes / bytes_per_s(ctx.machine_bw[a, b])
+                     for (a, b), nbytes in feed.forwarded.items())

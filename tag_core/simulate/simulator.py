@@ -26,7 +26,7 @@ from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, execution_order, schedule
 from .expand import edge_transfers, gradient_collectives, place, ps_pulls
-from .feeds import client_cost_s
+from .feeds import client_cost_s, plan_feed
 from .memory import group_makespans, op_times, slot_peaks
 from .result import SimResult, Timeline
 from .statistics import statistic_collectives
@@ -211,11 +211,13 @@ class Simulator:
         moves, edge_colls = edge_transfers(self, p, s, reduced, pos)
         transfers = concat_transfers([moves, ps_pulls(self, p, s)])  # uses `moves` up
         colls = concat_collectives([grad_colls, statistic_collectives(self, p, s), edge_colls])
-        sched = schedule(self, p, s, transfers, colls, order, pos, machines=not timeline)  # may use up `transfers`
+        feed = plan_feed(self, s, p)
+        sched = schedule(self, p, s, transfers, colls, order, pos, machines=not timeline,  # may use up `transfers`
+                         rows_forwarded=feed is not None and bool(feed.forwarded))
         del transfers
-        return self._result(s, p, sched.transfers, colls, sched, timeline)
+        return self._result(s, feed, sched.transfers, colls, sched, timeline)
 
-    def _result(self, s, p, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
+    def _result(self, s, feed, t, colls, sched: Schedule, want_timeline: bool) -> SimResult:
         slots = sched.slots
         S, T = len(slots.dev), sched.iteration
         busy = np.array([float(d.sum()) for d in sched.chains.per_slot(sched.chains.dur)])
@@ -228,7 +230,7 @@ class Simulator:
         peak_d = peak[of]
         device_oom = peak_d > self.capacity
         return SimResult(
-            iteration_time_s=T + client_cost_s(self, s, p, busy[of]),
+            iteration_time_s=T + client_cost_s(self, feed, busy[of]),
             oom=bool(device_oom.any()),
             device_oom=device_oom,
             peak_memory_bytes=peak_d,
