@@ -306,6 +306,15 @@ def test_a_directory_is_named_as_one(tmp_path, capsys, tag_home):
     assert not tag_home.exists() and not Path(out).exists()
 
 
+def test_a_folder_named_like_a_strategy_does_not_hide_it(tmp_path, monkeypatch, capsys, tag_home):
+    topo = str(_topology(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("ps", "dp-nccl"):  # e.g. where `tag emit --strategy ps --out ps` wrote
+        (tmp_path / name).mkdir()
+        assert main(["simulate", MODEL, "--topology", topo, "--strategy", name]) == 0, name
+        assert "iteration" in capsys.readouterr().out.lower()
+
+
 def test_sfb_strategy_does_not_offer_a_file_it_refuses(tmp_path, capsys, tag_home):
     file = _write(tmp_path, _plan())
     assert main(["sfb", MODEL, "--topology", str(_topology(tmp_path)), "--strategy", str(file)]) == 2

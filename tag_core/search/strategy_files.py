@@ -41,7 +41,18 @@ def check_strategy_name(text: str) -> str:
 
 
 def is_strategy_file(text: str) -> bool:
-    return text.lower().endswith(".json") or Path(text).exists()
+    """A .json name, or a path that exists and is no strategy's name (a folder `ps` does not hide ps)."""
+    if text.lower().endswith(".json"):
+        return True
+    if not Path(text).exists():
+        return False
+    from tag_core.errors import TagInputError
+
+    try:
+        check_strategy_name(text)
+    except TagInputError:
+        return True
+    return False
 
 
 def read_plan_file(text: str, argument: str = "--strategy"):
