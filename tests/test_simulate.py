@@ -18,6 +18,7 @@ from tag_core.simulate.cost import (
     ring_allreduce_time,
     transfer_time,
 )
+from tag_core.simulate.expand import place
 from tag_core.simulate.simulator import _ps_classes
 
 V100 = "V100-32GB"
@@ -369,12 +370,17 @@ def test_a_calibration_sets_latency_and_bandwidth_per_link_class():
     feed = transfer_time(4 * BATCH * 256 / 2, 7.8, 9e-4)
     assert calibrated.iteration_time_s - plain.iteration_time_s == pytest.approx(
         ring - ring_allreduce_time(W_BYTES, 2, 25.0) + 2e-3 + feed)
-    # Transfers: a model-parallel chain moves its activation across the measured inter link.
+    # Transfers: a model-parallel chain moves its activations (and its weight, when its update runs on the
+    # other machine) across the measured inter link.
     chain = Strategy.uniform(len(g.ops), topo.num_machines, topo.num_devices, "model_parallel")
     moved = Simulator(g, topo, profiles(g, V100), comm=comm).run(chain).comm_s["p2p"]
     unmeasured = Simulator(g, topo, profiles(g, V100)).run(chain).comm_s["p2p"]
-    transfers = round(unmeasured / transfer_time(4 * BATCH * 256, 25.0))
-    assert transfers >= 1 and moved == pytest.approx(transfers * transfer_time(4 * BATCH * 256, 7.8, 9e-4))
+    placed = place(Simulator(g, topo, profiles(g, V100)), chain)
+    pulls = int(placed.single_dev[g.index["read0"]] != placed.single_dev[g.index["apply0"]])
+    activation = 4 * BATCH * 256
+    transfers = round((unmeasured - pulls * transfer_time(W_BYTES, 25.0)) / transfer_time(activation, 25.0))
+    assert transfers >= 1 and moved == pytest.approx(transfers * transfer_time(activation, 7.8, 9e-4)
+                                                     + pulls * transfer_time(W_BYTES, 7.8, 9e-4))
 
 
 def test_a_measured_collective_is_used_as_it_is():

@@ -323,26 +323,28 @@ def _rows(p: np.ndarray, d: np.ndarray, frac: np.ndarray, kind: int, keep: np.nd
     return np.column_stack([p[keep], d[keep], frac[keep], np.full(int(keep.sum()), kind)]).astype(np.float64)
 
 
-def ps_pulls(ctx, p: Placement, s: Strategy) -> Transfers:
-    """Workers of a PS group fetch each variable from its PS before reading it."""
-    ps_dev = np.full(ctx.num_vars, -1, dtype=np.int64)
-    owned = (p.kind == SINGLE) & (ctx.apply_owner >= 0) & (s.options_arr[s.op_groups] == 1)
-    ops = np.flatnonzero(owned)
-    ps_dev[ctx.apply_owner[ops[::-1]]] = p.single_dev[ops[::-1]]  # first op of each owner wins
+def variable_pulls(ctx, p: Placement, s: Strategy) -> Transfers:
+    """A variable updated on one device (its PS, or where model parallelism put its update) lives there, and
+    the emitter runs every read of it there: each other device that reads it gets the value first."""
+    home = np.full(ctx.num_vars, -1, dtype=np.int64)
+    owned = np.flatnonzero((p.kind == SINGLE) & (ctx.apply_owner >= 0))
+    home[ctx.apply_owner[owned[::-1]]] = p.single_dev[owned[::-1]]  # first op of each owner wins
     reads = ctx.param_reads
-    reads = reads[(s.options_arr[s.op_groups[reads]] == 1) & (ps_dev[ctx.op_var[reads]] >= 0)]
+    reads = reads[home[ctx.op_var[reads]] >= 0]
     if len(reads) == 0:
         return no_transfers()
-    src = ps_dev[ctx.op_var[reads]]
-    members = p.group_active[s.op_groups[reads]]  # (r, D)
+    src = home[ctx.op_var[reads]]
+    members = p.group_active[s.op_groups[reads]]  # (r, D): the devices of each read's copies
+    single = np.flatnonzero(p.kind[reads] == SINGLE)
+    members[single] = False
+    members[single, p.single_dev[reads[single]]] = True
     r_idx, dev = np.nonzero(members & (np.arange(ctx.num_devices)[None, :] != src[:, None]))
     if len(r_idx) == 0:
         return no_transfers()
     ops = reads[r_idx]
-    return Transfers(
-        cons_op=ops, cons_dev=dev, src_op=np.full(len(ops), -1), src_dev=src[r_idx],
-        nbytes=ctx.param_bytes[ops], channel=ctx.dev_channel[src[r_idx], dev], kind=np.full(len(ops), PS_PULL),
-    )
+    kind = np.where(s.options_arr[s.op_groups[ops]] == 1, PS_PULL, P2P)
+    return Transfers(cons_op=ops, cons_dev=dev, src_op=np.full(len(ops), -1), src_dev=src[r_idx],
+                     nbytes=ctx.param_bytes[ops], channel=ctx.dev_channel[src[r_idx], dev], kind=kind)
 
 
 def gradient_collectives(ctx, p: Placement, s: Strategy) -> tuple[Collectives, np.ndarray]:

@@ -25,7 +25,7 @@ from tag_core.errors import TagInputError
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, execution_order, schedule
-from .expand import edge_transfers, gradient_collectives, place, ps_pulls
+from .expand import edge_transfers, gradient_collectives, place, variable_pulls
 from .feeds import client_cost_s, plan_feed
 from .memory import group_makespans, op_times, slot_peaks
 from .result import SimResult, Timeline
@@ -209,7 +209,7 @@ class Simulator:
         grad_colls, reduced = gradient_collectives(self, p, s)
         order, pos = execution_order(self, s)
         moves, edge_colls = edge_transfers(self, p, s, reduced, pos)
-        transfers = concat_transfers([moves, ps_pulls(self, p, s)])  # uses `moves` up
+        transfers = concat_transfers([moves, variable_pulls(self, p, s)])  # uses `moves` up
         colls = concat_collectives([grad_colls, statistic_collectives(self, p, s), edge_colls])
         feed = plan_feed(self, s, p)
         sched = schedule(self, p, s, transfers, colls, order, pos, machines=not timeline,  # may use up `transfers`
