@@ -14,8 +14,9 @@ its way, the task's executor runs whatever else is ready, so its core stays busy
 The scheduler lets a thread that woke preempt one only once that one has run a while, and a compute thread
 that slept between steps starts with that while in hand (measured on two local servers: a tensor sent at a
 step's start waited 2.8 ms, one sent in its middle 0.6 ms). A receiver asks for every tensor as its step
-begins, so once a task has let its requests in, nothing it sends waits: a step whose fed rows already waited
-so (feeds.py) passes no hold for its transfers. A collective's members exchange when it runs.
+begins, so once a task has let those requests in, nothing it sends waits: a step that began by sending fed
+rows on from a computing task (feeds.py) holds none of its transfers again. A collective's members exchange
+when it runs, so each collective can wait.
 """
 
 from __future__ import annotations

@@ -42,15 +42,15 @@ def plan_feed(ctx, s: Strategy, p: Placement) -> Feed | None:
             continue
         group = s.op_groups[op]
         devices = np.flatnonzero(p.group_active[group])
-        first = int(ctx.dev_machine[devices[0]])
-        others = {int(m) for m in ctx.dev_machine[devices[1:]]} - {first}
-        if p.kind[op] == FULL:  # each machine's copy reads the input itself: one more copy from the client
-            feed.fed_bytes += whole * len(others)
+        machines = ctx.dev_machine[devices]
+        first = int(machines[0])
+        if p.kind[op] == FULL:  # each other machine's copy reads the input itself: one more copy from the client
+            feed.fed_bytes += whole * (len(np.unique(machines)) - 1)
             continue
-        for device, fraction in zip(devices[1:], p.group_share[group, devices[1:]]):
-            to = int(ctx.dev_machine[device])
+        shares = np.bincount(machines, weights=p.group_share[group, devices])
+        for to in np.flatnonzero(shares).tolist():
             if to != first:
-                feed.forwarded[(first, to)] = feed.forwarded.get((first, to), 0.0) + whole * fraction
+                feed.forwarded[(first, to)] = feed.forwarded.get((first, to), 0.0) + whole * float(shares[to])
     return feed
 
 
