@@ -4,8 +4,10 @@ Every `tag run --measure` and `tag fidelity` stores a measured step beside its p
 Their median |error| on one topology snapshot, under the calibration the planner uses now, is what a
 prediction there is worth: a distributed plan predicted to beat one device by less than that margin may well
 lose in reality (on two local TF servers the errors ran to 15-30% and such plans measured slower than one
-device). So the planner keeps a distributed plan only when it is predicted faster than one device by more
-than the margin (planner step 8); with fewer than MIN_STEPS measured steps there is no margin.
+device; one predicted 11% faster with an 8% error measured 27% slower). So the planner keeps a distributed
+plan only when it is predicted faster than one device even if both predictions are off by the margin in
+opposite directions (planner step 8, plan/one_device.py); with fewer than MIN_STEPS measured steps there is
+no margin.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Steps:
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 8. One device: when the fastest single device that fits is no slower than the plan, as it may be for a
    tiny model on loopback, the plan is `single` and says why (the honest answer). With `measured_error`
-   (plan/measured_error.py), also when the plan is predicted faster by no more than that error.
+   (plan/measured_error.py), also when that error could take the plan's predicted gain away.
 """
 
 from __future__ import annotations
