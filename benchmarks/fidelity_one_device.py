@@ -76,7 +76,12 @@ def run(argv: list[str], env: dict, root: Path) -> str:
     return done.stdout
 
 
-def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps: int, warmup: int) -> dict:
+def _warmup_words(warmup: int | None) -> str:
+    return "`tag run --measure`'s warm-up, 3 steps or more until a second has passed" if warmup is None \
+        else f"{warmup} warm-up steps"
+
+
+def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps: int, warmup: int | None) -> dict:
     """Everything for one model (run in a process of its own by main)."""
     reference, profiled, between = MODELS[key]
     env, tag = environment(root, home), tag_command(root)
@@ -93,8 +98,9 @@ def one_model(key: str, root: Path, home: str, topology: str, rounds: int, steps
     loads = [os.getloadavg()[0]]
     for r in range(rounds):  # the sizes interleaved (a change of load hits each alike), each round from the next
         for b in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
-            out = json.loads(run([*tag, "run", str(folders[b]), "--measure", "--steps", str(steps),
-                                  "--warmup", str(warmup), "--json"], env, root))
+            warm = [] if warmup is None else ["--warmup", str(warmup)]  # none: `tag run`'s own warm-up
+            out = json.loads(run([*tag, "run", str(folders[b]), "--measure", "--steps", str(steps), *warm, "--json"],
+                                 env, root))
             seconds[b] += [s["seconds"] for s in out["steps"] if not s.get("warmup")]
             servers = out.get("servers")
         loads.append(os.getloadavg()[0])
@@ -197,7 +203,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each run's timed ones")
+    parser.add_argument("--warmup", type=int, help="untimed steps before each run's timed ones (default: `tag run "
+                                                   "--measure`'s, a few steps and a second)")
     parser.add_argument("--label", default="after")
     parser.add_argument("--root", default=str(ROOT), help="the checkout whose tag runs (default this one)")
     parser.add_argument("--commit", help="what --root holds, for the record (default: its git HEAD)")
@@ -249,7 +256,7 @@ def main() -> None:
         say(f"[{args.label}] {key}: {MODELS[key][0]}")
         child = wrapped([sys.executable, str(Path(__file__).resolve()), "--one", key, "--root", str(root),
                          "--topology", topology, "--rounds", str(args.rounds), "--steps", str(args.steps),
-                         "--warmup", str(args.warmup),
+                         *([] if args.warmup is None else ["--warmup", str(args.warmup)]),
                          "--label", args.label], {**env, "TAG_HOME": home}, ROOT)
         if child["rc"] != 0:
             raise SystemExit(f"{key} failed:\n{child['err']}")
@@ -292,7 +299,7 @@ def markdown(merged: dict) -> str:
         s = report["summary"]
         lines += [f"## {label} (code at {report['commit']})", "",
                   f"{report['machine']}; {report['rounds']} rounds of {report['steps']} timed steps per size "
-                  f"(after {report.get('warmup', 3)} warm-up steps each); "
+                  f"(after {_warmup_words(report.get('warmup', 3))} each); "
                   f"calibration launch cost per step {report['calibration']['overheads'].get('per_step_s', 0) * 1e3:.2f} ms; "
                   f"total wall time {report['wall_s'] / 60:.1f} min.", "",
                   *([f"The measured steps of '{report['repredicted_from']}' (its wall times, peak RSS and loads too); "

@@ -22,6 +22,7 @@ from tag_core.plan.measured_error import median_abs_error
 from tag_core.runtime import run_emitted
 from tag_core.runtime.local_cluster import pinnable_cores
 from tag_core.runtime.measure import StepTiming, average_ranks, spearman, tag_against_best
+from tag_core.runtime.warmup import MAX_WARMUP_STEPS, WARMUP_STEPS, still_warming
 
 MLP = "mlp[features=12,hidden=16]"
 BATCH = 8
@@ -146,6 +147,19 @@ def test_run_measure_stores_the_step_time_beside_the_prediction(tmp_path, local2
     assert row.predicted_s == pytest.approx(prediction["iteration_time_s"])
     assert row.topology_hash == parse_topology(LOCAL2).content_hash() and row.host
     assert report["measurement"]["median_s"] == pytest.approx(row.measured_s)
+    # Without --warmup: a few steps and then more until a second has passed, before the timed ones.
+    assert main(["run", str(out), "--measure", "--steps", "2", "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    warm = [s for s in steps if s.get("warmup")]
+    assert WARMUP_STEPS <= len(warm) <= MAX_WARMUP_STEPS and len(steps) == len(warm) + 2
+    assert all(s.get("warmup") for s in steps[:len(warm)])
+
+
+def test_a_measurement_warms_up_for_a_few_steps_and_a_while():
+    assert still_warming(0, 5.0, 3, 1.0) and still_warming(2, 5.0, 3, 1.0)  # fewer than the least
+    assert still_warming(3, 0.5, 3, 1.0)  # the while is not over
+    assert not still_warming(3, 1.0, 3, 1.0) and not still_warming(MAX_WARMUP_STEPS, 0.1, 3, 1.0)
+    assert still_warming(0, 0.0, 1, 0.0) and not still_warming(1, 0.0, 1, 0.0)  # --warmup 1: exactly one
 
 
 def test_run_measure_bad_input_exits_2_and_writes_nothing(tmp_path, tag_home, capsys):

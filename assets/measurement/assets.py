@@ -38,7 +38,8 @@ from .checks import STEP_CHECK, step_check
 
 class MeasureConfig(Config):
     steps: int = Field(default=10, description="Timed steps; their median is the measured step.")
-    warmup: int = Field(default=2, description="Untimed steps first (TF's one-off graph setup, warm caches).")
+    warmup: int = Field(default=2, description="Untimed steps first, at least (TF's one-off graph setup, warm "
+                                               "caches); more until a second has passed (tag_core.runtime.warmup).")
     timeout_s: float = Field(default=600.0, description="Seconds the steps may run before the run is stopped.")
 
 

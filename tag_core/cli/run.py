@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from tag_core.runtime.warmup import MAX_WARMUP_STEPS, WARMUP_SECONDS, WARMUP_STEPS
+
 from ._common import non_negative_int, positive_float, positive_int, print_json, require
 
 STEPS = 3
 MEASURED_STEPS = 20
-WARMUP = 3
 
 
 def register(subparsers) -> None:
@@ -30,7 +31,9 @@ def register(subparsers) -> None:
                              "folder's plan.json: the simulator on the emitted strategy with the topology's stored "
                              "calibration applied (none is stored when the folder has no prediction)")
     parser.add_argument("--warmup", type=non_negative_int,
-                        help=f"with --measure: untimed steps first (default {WARMUP})")
+                        help=f"with --measure: untimed steps first (default: {WARMUP_STEPS} or more, until "
+                             f"{WARMUP_SECONDS:g} s have passed, at most {MAX_WARMUP_STEPS}: a fresh server's first "
+                             f"steps run slow)")
     parser.add_argument("--servers", choices=("auto", "pinned", "shared"), default="auto",
                         help="where local tasks serve: pinned (one single-core process per task), shared (servers "
                              "inside one process) or auto (pinned when every task has one CPU device and the machine "
@@ -73,10 +76,11 @@ def _measure(args, plan: dict) -> int:
     from ._common import open_store
 
     open_store(args).close()  # a store that cannot be opened fails now, not after the run
-    steps, warmup = args.steps or MEASURED_STEPS, WARMUP if args.warmup is None else args.warmup
+    steps = args.steps or MEASURED_STEPS
+    warmup, warmup_s = (WARMUP_STEPS, WARMUP_SECONDS) if args.warmup is None else (args.warmup, 0.0)
     result, timing = measure_emitted(args.dir, steps=steps, warmup=warmup, timeout=args.timeout, servers=args.servers,
                                      echo=None if args.json else print, cluster=args.cluster,
-                                     task_index=args.task_index)
+                                     task_index=args.task_index, warmup_s=warmup_s)
     if timing is None:
         if args.json:
             print_json({**_summary(result), "measurement": None})
@@ -91,7 +95,8 @@ def _measure(args, plan: dict) -> int:
         return 0
     print(f"measured: median {timing.median_s * 1e3:.2f} ms per step over {timing.steps} timed steps (interquartile "
           f"range {timing.spread_s * 1e3:.2f} ms, min {min(timing.seconds) * 1e3:.2f}, max "
-          f"{max(timing.seconds) * 1e3:.2f}) after {warmup} warm-up steps, on {result.servers} servers")
+          f"{max(timing.seconds) * 1e3:.2f}) after {len(result.steps) - timing.steps} warm-up steps, on "
+          f"{result.servers} servers")
     if predicted:
         calibration = row["calibration_hash"] or "none: the cost model's defaults"
         print(f"predicted: {predicted * 1e3:.2f} ms (calibration {calibration}): error {error:+.1%}")

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from .warmup import WARMUP_SECONDS, WARMUP_STEPS
+
 if TYPE_CHECKING:
     from tag_core.cluster.topology import Topology
 
@@ -63,15 +65,16 @@ def step_timing(run) -> StepTiming | None:
     return StepTiming(times) if times else None
 
 
-def measure_emitted(folder: str | Path, steps: int, warmup: int, timeout: float = 600.0, servers: str = "auto",
-                    echo: Callable[[str], None] | None = None, cluster: str | None = None,
-                    task_index: int = 0):
-    """Run `warmup` untimed and `steps` timed steps of an emission folder (on local servers, or as one task of
-    `cluster`): (RunResult, StepTiming or None)."""
+def measure_emitted(folder: str | Path, steps: int, warmup: int = WARMUP_STEPS, timeout: float = 600.0,
+                    servers: str = "auto", echo: Callable[[str], None] | None = None, cluster: str | None = None,
+                    task_index: int = 0, warmup_s: float = WARMUP_SECONDS):
+    """Run untimed steps (`warmup` at least, and more until `warmup_s` has passed: `still_warming`), then `steps`
+    timed ones of an emission folder (on local servers, or as one task of `cluster`): (RunResult, StepTiming or
+    None)."""
     from .supervisor import run_emitted
 
     result = run_emitted(folder, steps=steps, warmup=warmup, timeout=timeout, servers=servers, echo=echo,
-                         cluster=cluster, task_index=task_index)
+                         cluster=cluster, task_index=task_index, warmup_s=warmup_s)
     return result, step_timing(result) if result.ok else None
 
 
@@ -151,9 +154,10 @@ def unmeasurable(topology: Topology, cores: int | None = None) -> str | None:
     return None
 
 
-def measure_folder(folder: str | Path, steps: int, warmup: int, timeout: float = 600.0, servers: str = "auto",
-                   echo: Callable[[str], None] | None = None, strategy: str | None = None) -> MeasuredStep:
-    """Time `steps` steps of an emission folder after `warmup` untimed ones: its `measured_steps` row beside
+def measure_folder(folder: str | Path, steps: int, warmup: int = WARMUP_STEPS, timeout: float = 600.0,
+                   servers: str = "auto", echo: Callable[[str], None] | None = None,
+                   strategy: str | None = None) -> MeasuredStep:
+    """Time `steps` steps of an emission folder after warm-up (`measure_emitted`): its `measured_steps` row beside
     the prediction its plan.json records (not stored: the caller holds the store). MeasureFailed when the
     run fails; TagInputError when `folder` is not an emission folder."""
     from .supervisor import check_folder

@@ -164,8 +164,9 @@ def server_mode(meta: dict, servers: str = "auto", cluster: str | Path | None = 
 def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout: float = 600.0,
                 cluster: str | Path | None = None, task_index: int = 0,
                 echo: Callable[[str], None] | None = None, warmup: int = 0, servers: str = "auto",
-                rewrites: bool = True) -> RunResult:
-    """Run `warmup` untimed then `steps` steps of the emitted folder; see the module docstring. `rewrites`
+                rewrites: bool = True, warmup_s: float = 0.0) -> RunResult:
+    """Run untimed steps (`warmup`, and more until `warmup_s` has passed: measure.still_warming), then `steps`
+    steps of the emitted folder; see the module docstring. `rewrites`
     False runs the distributed session without grappler: much faster to start on big graphs, for checks
     whose times do not count."""
     folder = Path(folder)
@@ -178,7 +179,7 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
     mode = server_mode(meta, servers, cluster)
     echo = echo or (lambda line: None)
     command = [sys.executable, "-m", "tag_core.runtime.worker", str(folder), "--steps", str(steps),
-               "--timeout", str(timeout), "--warmup", str(warmup)]
+               "--timeout", str(timeout), "--warmup", str(warmup), "--warmup-seconds", str(warmup_s)]
     if check:
         command.append("--check")
     if not rewrites:
@@ -321,6 +322,8 @@ def describe(event: dict, result: RunResult) -> list[str]:
         elif event.get("loopback_only"):  # pinned servers: the line that started them said so
             where += f", {LOOPBACK_WHERE}"
         warmup = f"; {event['warmup']} warm-up steps first" if event.get("warmup") else ""
+        if event.get("warmup_seconds"):
+            warmup = f"; warm-up steps first, {event['warmup']} or more, until {event['warmup_seconds']:g} s have passed"
         return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}{warmup}"]
     if kind == "check":
         if event.get("skipped"):

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .local_cluster import add_target_arguments, session_target
+from .warmup import MAX_WARMUP_STEPS, still_warming
 from .parent_watch import exit_with_parent
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -198,6 +199,7 @@ def run(args) -> int:
     values = initial_values(folder, meta)
     report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
            gpu_as_cpu=on_cpu, check=args.check, pinned=target is not None, warmup=args.warmup,
+           warmup_seconds=args.warmup_seconds,
            loopback_only=loopback_only())
     distributed = Distributed(graph_def, meta, target or servers[0].target, soft=bool(args.cluster),
                               rewrites=not args.rewrites_off)
@@ -221,15 +223,20 @@ def run(args) -> int:
         distributed.initialise(values, options())
         if reference:
             reference.initialise(values)
-        for step in range(args.warmup + args.steps):
+        step = warm = 0
+        began = time.monotonic()
+        while step - warm < args.steps:
+            warming = still_warming(warm, time.monotonic() - began, args.warmup, args.warmup_seconds)
             stage = f"step {step}"
             batch = synthetic_batch(spec, plan["batch_size"], seed=step)  # made before the clock starts
             start = time.perf_counter()
             loss = distributed.step(batch, options())
             seconds = time.perf_counter() - start
             fields: dict[str, Any] = {"step": step, "loss": loss, "seconds": seconds}
-            if step < args.warmup:
+            step += 1
+            if warming:
                 fields["warmup"] = True
+                warm += 1
             if reference:
                 fields.update(compare(distributed, reference, batch, loss, options(), meta))
                 failed += not fields["passed"]
@@ -239,7 +246,7 @@ def run(args) -> int:
         report("error", stage=stage, kind=type(exc).__name__, message=_headline(message),
                waiting=waiting_collectives(message, meta))
         return 1
-    report("done", steps=args.warmup + args.steps, warmup=args.warmup, failed_steps=failed)
+    report("done", steps=step, warmup=warm, failed_steps=failed)
     return 1 if failed else 0
 
 
@@ -253,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-index", type=int, default=0)
     add_target_arguments(parser, required=False)  # pinned mode: servers already running
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps before --steps")
+    parser.add_argument("--warmup-seconds", type=float, default=0.0,
+                        help=f"... and more, until this long has passed (at most {MAX_WARMUP_STEPS} steps in all)")
     parser.add_argument("--rewrites-off", action="store_true",
                         help="no grappler rewrites in the distributed session (a check of the graph, not a timing)")
     exit_with_parent()
