@@ -323,7 +323,8 @@ def describe(event: dict, result: RunResult) -> list[str]:
             where += f", {LOOPBACK_WHERE}"
         warmup = f"; {event['warmup']} warm-up steps first" if event.get("warmup") else ""
         if event.get("warmup_seconds"):
-            warmup = f"; warm-up steps first, {event['warmup']} or more, until {event['warmup_seconds']:g} s have passed"
+            warmup = (f"; warm-up steps first, {event['warmup']} or more, until {event['warmup_seconds']:g} s "
+                      "have passed")
         return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}{warmup}"]
     if kind == "check":
         if event.get("skipped"):
