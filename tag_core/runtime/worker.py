@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from .local_cluster import add_target_arguments, session_target
-from .warmup import MAX_WARMUP_STEPS, still_warming
 from .parent_watch import exit_with_parent
+from .warmup import MAX_WARMUP_STEPS, still_warming
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
