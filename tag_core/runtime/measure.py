@@ -68,7 +68,7 @@ def step_timing(run) -> StepTiming | None:
 def measure_emitted(folder: str | Path, steps: int, warmup: int = WARMUP_STEPS, timeout: float = 600.0,
                     servers: str = "auto", echo: Callable[[str], None] | None = None, cluster: str | None = None,
                     task_index: int = 0, warmup_s: float = WARMUP_SECONDS):
-    """Run untimed steps (`warmup` at least, and more until `warmup_s` has passed: `still_warming`), then `steps`
+    """Run untimed steps (`warmup` at least, and more until `warmup_s` has passed: warmup.still_warming), then `steps`
     timed ones of an emission folder (on local servers, or as one task of `cluster`): (RunResult, StepTiming or
     None)."""
     from .supervisor import run_emitted

@@ -165,7 +165,7 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
                 cluster: str | Path | None = None, task_index: int = 0,
                 echo: Callable[[str], None] | None = None, warmup: int = 0, servers: str = "auto",
                 rewrites: bool = True, warmup_s: float = 0.0) -> RunResult:
-    """Run untimed steps (`warmup`, and more until `warmup_s` has passed: measure.still_warming), then `steps`
+    """Run untimed steps (`warmup`, and more until `warmup_s` has passed: warmup.still_warming), then `steps`
     steps of the emitted folder; see the module docstring. `rewrites`
     False runs the distributed session without grappler: much faster to start on big graphs, for checks
     whose times do not count."""
@@ -321,10 +321,10 @@ def describe(event: dict, result: RunResult) -> list[str]:
                     (" (GPU devices as CPU)" if event.get("gpu_as_cpu") else "")
         elif event.get("loopback_only"):  # pinned servers: the line that started them said so
             where += f", {LOOPBACK_WHERE}"
-        warmup = f"; {event['warmup']} warm-up steps first" if event.get("warmup") else ""
         if event.get("warmup_seconds"):
-            warmup = (f"; warm-up steps first, {event['warmup']} or more, until {event['warmup_seconds']:g} s "
-                      "have passed")
+            warmup = f"; {event['warmup']} or more warm-up steps first, until {event['warmup_seconds']:g} s have passed"
+        else:
+            warmup = f"; {event['warmup']} warm-up steps first" if event.get("warmup") else ""
         return [f"running {event['ops']} ops on {event['devices']} devices of {event['tasks']} tasks on {where}{warmup}"]
     if kind == "check":
         if event.get("skipped"):
