@@ -205,10 +205,10 @@ def test_a_large_re_slicing_is_one_unit_per_tensor_close_to_its_pieces(monkeypat
     first[:70] = True
     s = Strategy((np.arange(n) > n // 2).astype(int), np.array([first, first[::-1]]), ["allreduce", "duplicate"],
                  np.ones(100))
-    units = Simulator(g, topo, prof).run(s)
+    units = Simulator(g, topo, prof, batch_size=140).run(s)  # two rows a device
     monkeypatch.setattr(reshard, "MAX_P2P_ROWS", 10**9)
     monkeypatch.setattr(reshard, "MAX_UNIT_ROWS", 10**9)
-    pieces = Simulator(g, topo, prof).run(s)
+    pieces = Simulator(g, topo, prof, batch_size=140).run(s)
     assert units.comm_s["gather"] > 0 and pieces.comm_s["gather"] > 0
     assert units.simulated_slots < pieces.simulated_slots
     assert 0.5 < units.iteration_time_s / pieces.iteration_time_s < 2.0
@@ -230,7 +230,7 @@ def test_an_all_reduce_across_oversubscribed_racks_costs_more():
     times = {}
     for o in (1.0, 4.0):
         topo = racked(o)
-        sim = Simulator(g, topo, prof)
+        sim = Simulator(g, topo, prof, batch_size=32)  # rows on every device
         everywhere = Strategy.uniform(len(g.ops), 8, 16, "allreduce")
         one_rack = Strategy.uniform(len(g.ops), 8, 16, "allreduce", mask=np.arange(8) < 4)
         times[o] = (sim.run(everywhere).iteration_time_s, sim.run(one_rack).iteration_time_s)

@@ -247,10 +247,10 @@ def test_split_rows_wanted_whole_on_the_same_devices_are_all_gathered():
     topo = topology(("a", V100, 2, 100.0), ("b", V100, 3, 50.0), inter_gbps=10.0)
     tail = np.array([op.name in ("gw0", "apply0") for op in g.ops], dtype=np.int64)
     s = Strategy(tail, np.ones((2, 2), bool), ["allreduce", "duplicate"], np.ones(5))
-    r = simulate(g, topo, s, profiles(g, V100))
+    r = simulate(g, topo, s, profiles(g, V100), batch_size=10)  # two rows a device
     # dmm0's rows feed the duplicated gradient: a ring inside each machine, across them, then spread.
-    expected = hierarchical_allgather_time(ACTIVATION_BYTES, np.full(5, 0.2), [2, 3], [100.0, 50.0], 10.0)
-    a = ACTIVATION_BYTES
+    a = ACTIVATION_BYTES * 10 / BATCH
+    expected = hierarchical_allgather_time(a, np.full(5, 0.2), [2, 3], [100.0, 50.0], 10.0)
     inside = max(allgather_time(0.4 * a, 2, 100.0), allgather_time(0.6 * a, 3, 50.0))
     spread = max(broadcast_time(0.6 * a, 2, 100.0), broadcast_time(0.4 * a, 3, 50.0))
     by_hand = inside + allgather_time(2 * 0.6 * a, 2, 10.0) + spread  # machine pieces padded to the larger

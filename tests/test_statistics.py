@@ -85,8 +85,8 @@ def test_a_statistic_waits_while_its_members_compute_as_a_busy_senders_tensor_do
     from tag_core.simulate import CommModel
 
     # x, then the statistic s, then w (computes on, independent of s), then r (reads s).
-    g = OpGraph("stat", 1, [Op("x", "Relu", 4, 0), Op("s", "Sum", 4, 0), Op("w", "Relu", 4, 0),
-                            Op("r", "Mul", 4, 0)],
+    g = OpGraph("stat", 2, [Op("x", "Relu", 4, 0), Op("s", "Sum", 4, 0), Op("w", "Relu", 4, 0),
+                            Op("r", "Mul", 4, 0)],  # a batch of 2: a row for each replica
                 [Edge(0, 1, 4, False, "x:0"), Edge(0, 2, 4, False, "x:0"), Edge(1, 3, 4, False, "s:0")], [])
     topo = topology(("m0", V100, 1, 100.0), ("m1", V100, 1, 100.0), inter_gbps=10.0)
     strategy = Strategy.uniform(4, 2, 2, "allreduce", overlap=False)

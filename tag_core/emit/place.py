@@ -73,18 +73,6 @@ class OpPlacements:
         return self.pid_of(Placement(SINGLE, (device,), (batch,)))
 
 
-def split_batch(batch: int, shares: np.ndarray) -> list[int]:
-    """Integer rows per device in proportion to `shares`, summing to `batch` (largest remainder)."""
-    shares = np.asarray(shares, dtype=np.float64)
-    exact = shares / shares.sum() * batch
-    rows = np.floor(exact).astype(np.int64)
-    remainder = exact - rows
-    # Ties go to the earlier device so the split is deterministic.
-    for i in sorted(range(len(rows)), key=lambda i: (-remainder[i], i))[: batch - int(rows.sum())]:
-        rows[i] += 1
-    return [int(r) for r in rows]
-
-
 def place_ops(graph: OpGraph, topology: Topology, strategy: Strategy, profiles=None,
               batch_size: int | None = None) -> OpPlacements:
     """Placement of every OpGraph op at `batch_size` (default: the graph's); model inputs become
@@ -108,7 +96,12 @@ def place_ops(graph: OpGraph, topology: Topology, strategy: Strategy, profiles=N
         else:
             key = (group, kind)
             if key not in group_pids:
-                group_pids[key] = result.pid_of(_group_placement(p, group, kind == SIM_FULL, batch, result.notes))
+                wanted = int((strategy.masks[group][sim.dev_machine] & (strategy.batch_shares > 0)).sum())
+                placement = _group_placement(p, group, kind == SIM_FULL, batch)
+                if kind != SIM_FULL and placement.replicas < wanted:
+                    result.notes.append(f"group {group}: a batch of {batch} leaves {wanted - placement.replicas} "
+                                        f"of its {wanted} devices without rows; they get no replica")
+                group_pids[key] = result.pid_of(placement)
             pid = group_pids[key]
         if op.is_input:  # fed once, whole batch, on the first device of its placement
             pid = result.single(result.placements[pid].devices[0], batch)
@@ -116,16 +109,14 @@ def place_ops(graph: OpGraph, topology: Topology, strategy: Strategy, profiles=N
     return result
 
 
-def _group_placement(p, group: int, full: bool, batch: int, notes: list[str]) -> Placement:
+def _group_placement(p, group: int, full: bool, batch: int) -> Placement:
+    """The simulator's devices of the group (a split group's hold whole rows: simulate/batch_rows.py)."""
     devices = [int(d) for d in np.flatnonzero(p.group_active[group])]
     if full:
         placement = Placement(FULL, tuple(devices), (batch,) * len(devices))
     else:
-        rows = split_batch(batch, p.group_share[group, devices])
-        kept = [(d, r) for d, r in zip(devices, rows) if r > 0]
-        if len(kept) < len(devices):
-            notes.append(f"group {group}: a batch of {batch} leaves {len(devices) - len(kept)} of its "
-                         f"{len(devices)} devices without rows; they get no replica")
+        rows = np.rint(p.group_share[group, devices] * batch).astype(np.int64)  # whole rows / batch
+        kept = [(d, int(r)) for d, r in zip(devices, rows) if r > 0]
         if not kept:
             raise TagInputError(f"groups[{group}]", "no device of the group gets any row of the batch")
         placement = Placement(SPLIT, tuple(d for d, _ in kept), tuple(r for _, r in kept))

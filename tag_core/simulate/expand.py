@@ -19,6 +19,7 @@ import numpy as np
 
 from tag_core.errors import TagInputError
 
+from .batch_rows import split_batch
 from .reshard import devices_of, is_large, reshard_units, rows_units, too_many_rows
 from .strategy import Strategy
 from .units import (
@@ -54,6 +55,13 @@ def place(ctx, s: Strategy) -> Placement:
     weighted = np.where(active, shares[None, :], 0.0)
     group_share = weighted / weighted.sum(axis=1, keepdims=True)
     opt = np.array([_OPTION_CODE[o] for o in s.options])
+    # Replicas of a split group (allreduce, ps) compute whole rows, as the emitted graph does: a device
+    # whose share rounds to no row runs no replica, so it leaves the group.
+    for g in np.flatnonzero(opt <= 1):
+        devs = np.flatnonzero(active[g])
+        rows = split_batch(ctx.batch, group_share[g, devs], ctx.dev_tflops[devs])
+        active[g, devs[rows == 0]] = False
+        group_share[g, devs] = rows / ctx.batch
     g_of = s.op_groups
     op_opt = opt[g_of]
     kind = np.where(op_opt == 2, FULL, SPLIT).astype(np.int8)

@@ -110,6 +110,7 @@ class Simulator:
         names = sorted({g.name for g in self.dev_gpu})
         self.dev_gpu_id = np.array([names.index(g.name) for g in self.dev_gpu], dtype=np.int64)
         self.capacity = np.array([g.mem_bytes for g in self.dev_gpu], dtype=np.float64)
+        self.dev_tflops = np.array([g.tflops for g in self.dev_gpu], dtype=np.float64)
         self.machine_bw = self.comm.machine_bandwidth(topo)
         # Device pairs look their machines up: D x D arrays would take 12·D² bytes (800 MB at 8192 GPUs).
         self.dev_bw = DevicePairs(self.machine_bw, self.dev_machine)

@@ -11,7 +11,8 @@
     model_parallel  the group's ops are split across its devices (`op_devices`, or contiguous
                     chunks of the schedule when not given), full batch.
 - `batch_shares[d]`: relative share of the batch on device d. A group's devices are the
-  devices of its masked machines with a positive share; inside a group shares are normalised.
+  devices of its masked machines with a positive share; inside a group shares are normalised,
+  and a split group's become whole rows (batch_rows.py: a device left without a row drops out).
 - `fusion_bytes`: gradient buckets for AllReduce (Horovod's tensor fusion); 0 = one per tensor.
 - `overlap`: gradient sync may start during the backward pass (False: after all of it, as
   TF's MirroredStrategy does).
