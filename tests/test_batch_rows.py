@@ -30,8 +30,10 @@ def test_devices_whose_share_rounds_to_no_row_run_no_replica(option):
     result = sim.run(s)
     assert (result.busy_s[:BATCH] > 0).all() and (result.busy_s[BATCH:] == 0).all()
     # The emitted graph places the same replicas on the same devices.
-    split = [pl for pl in place_ops(g, topo, s, profiles(g, V100)).placements if pl.kind == SPLIT]
+    placed = place_ops(g, topo, s, profiles(g, V100))
+    split = [pl for pl in placed.placements if pl.kind == SPLIT]
     assert [(pl.devices, pl.batches) for pl in split] == [(tuple(range(BATCH)), (1,) * BATCH)]
+    assert f"group 0: a batch of {BATCH} leaves 8 of its 16 devices without rows; they get no replica" in placed.notes
 
 
 def test_a_split_over_fewer_devices_than_rows_is_unchanged():
