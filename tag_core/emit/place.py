@@ -19,7 +19,6 @@ import numpy as np
 
 from tag_core.capture.graph import OpGraph
 from tag_core.cluster.topology import Topology
-from tag_core.errors import TagInputError
 from tag_core.simulate.strategy import Strategy
 
 SPLIT, FULL, SINGLE = "split", "full", "single"
@@ -115,11 +114,8 @@ def _group_placement(p, group: int, full: bool, batch: int) -> Placement:
     if full:
         placement = Placement(FULL, tuple(devices), (batch,) * len(devices))
     else:
-        rows = np.rint(p.group_share[group, devices] * batch).astype(np.int64)  # whole rows / batch
-        kept = [(d, int(r)) for d, r in zip(devices, rows) if r > 0]
-        if not kept:
-            raise TagInputError(f"groups[{group}]", "no device of the group gets any row of the batch")
-        placement = Placement(SPLIT, tuple(d for d, _ in kept), tuple(r for _, r in kept))
+        rows = np.rint(p.group_share[group, devices] * batch).astype(np.int64)  # each device's share is rows / batch
+        placement = Placement(SPLIT, tuple(devices), tuple(int(r) for r in rows))
     if placement.replicas == 1:
         return Placement(SINGLE, placement.devices, (batch,))
     return placement
