@@ -13,6 +13,7 @@ run --runs times and the median reported.
 Writes benchmarks/scale.json, scale.md and scale.png.
 
     python benchmarks/scale.py [--models vgg19,...] [--sizes 16,128,...] [--budget-seconds 60] [--runs 3]
+                               [--batch-size N]   (a global batch for every model: its own cases)
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def cluster(gpus: int, seed: int):
     return Topology(f"flat-{gpus}", machines, inter_gbps=25.0)
 
 
-def one_case(model: str, gpus: int, budget_s: float, seed: int) -> dict:
-    """Runs in the child process."""
+def one_case(model: str, gpus: int, budget_s: float, seed: int, batch_size: int | None = None) -> dict:
+    """Runs in the child process. `batch_size`: the global batch (None: the model's)."""
     import resource
     import time
 
@@ -69,13 +70,14 @@ def one_case(model: str, gpus: int, budget_s: float, seed: int) -> dict:
     topology = cluster(gpus, seed)
     loaded_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     clock, cpu = time.perf_counter(), time.process_time()
-    result = plan(graph, topology, profiles, budget=Budget(seconds=budget_s), seed=seed)
+    result = plan(graph, topology, profiles, batch_size=batch_size, budget=Budget(seconds=budget_s), seed=seed)
     wall, cpu = time.perf_counter() - clock, time.process_time() - cpu
     data = result.to_dict()
     mcts = result.tag
     return {
         "model": model, "gpus": topology.num_devices, "machines": topology.num_machines,
         "racks": len(getattr(topology, "racks", ()) or ()), "topology": topology.name,
+        "batch_size": batch_size or graph.batch_size, "batch_given": batch_size,
         "budget_s": budget_s, "wall_s": wall, "cpu_s": cpu, "simulations": result.simulations,
         "mcts_simulations": result.evaluator.simulations, "mcts_wall_s": mcts.wall_s,
         "sims_per_s": result.evaluator.simulations / max(mcts.wall_s, 1e-9),
@@ -84,6 +86,11 @@ def one_case(model: str, gpus: int, budget_s: float, seed: int) -> dict:
         "ideal_ratio": result.time_s / data["ideal_time_s"], "actions": len(result.evaluator.space.masks),
         "load_average": os.getloadavg()[0],
     }
+
+
+def _key(row: dict) -> tuple:
+    """A case: model, GPUs and the batch when one was given (the model's own otherwise)."""
+    return row["model"], row["gpus"], row.get("batch_given")
 
 
 def _median(rows: list[dict]) -> dict:
@@ -112,17 +119,18 @@ def write_report(report: dict, out: Path) -> None:
              f"`Budget(seconds={report['budget_s']:g})` (set-up, MCTS, MCMC and SFB all inside it); capture and "
              f"profiling cached, not counted. Median of {'/'.join(map(str, runs))} run(s) per case (column *runs*); "
              "load average is the median over the runs of the 1-minute figure at the end of each run (the machine "
-             "is shared: timings are noisy).", ""]
+             "is shared: timings are noisy). A *batch* other than the model's own comes from `--batch-size`.", ""]
     if report.get("note"):
         lines += [report["note"], ""]
-    lines += ["| model | GPUs | machines | racks | wall s | simulations | MCTS sims/s | CPU s | peak RSS MiB | ×DP-NCCL | "
-              "TAG/ideal | masks | load | runs | commit |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += ["| model | GPUs | batch | machines | racks | wall s | simulations | MCTS sims/s | CPU s | peak RSS MiB | "
+              "×DP-NCCL | TAG/ideal | masks | load | runs | commit |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         speed = f"{r['speedup_vs_dp_nccl']:.2f}" if r["speedup_vs_dp_nccl"] else "–"
         cpu = f"{r['cpu_s']:.1f}" if r.get("cpu_s") is not None else "–"
-        lines.append(f"| {r['model']} | {r['gpus']} | {r['machines']} | {r['racks']} | {r['wall_s']:.1f} | "
-                     f"{r['simulations']:.0f} | {r['sims_per_s']:.1f} | {cpu} | {r['peak_rss_mib']:.0f} | {speed} | "
+        lines.append(f"| {r['model']} | {r['gpus']} | {r.get('batch_size', '–')} | {r['machines']} | {r['racks']} | "
+                     f"{r['wall_s']:.1f} | {r['simulations']:.0f} | {r['sims_per_s']:.1f} | {cpu} | "
+                     f"{r['peak_rss_mib']:.0f} | {speed} | "
                      f"{r['ideal_ratio']:.2f} | {r['actions']} | {r['load_average']:.1f} | {r.get('runs', 1)} | "
                      f"{r.get('commit') or '–'} |")
     md = out.with_suffix(".md")
@@ -139,7 +147,7 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for model in dict.fromkeys(r["model"] for r in rows):
-        mine = sorted((r for r in rows if r["model"] == model), key=lambda r: r["gpus"])
+        mine = sorted((r for r in rows if r["model"] == model and not r.get("batch_given")), key=lambda r: r["gpus"])
         x = [r["gpus"] for r in mine]
         for ax, key in zip(axes, ("wall_s", "simulations", "peak_rss_mib")):
             ax.plot(x, [r[key] for r in mine], marker="o", label=model)
@@ -160,12 +168,13 @@ def main() -> None:
     parser.add_argument("--budget-seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=None, help="global batch (default: each model's)")
     parser.add_argument("--out", default=str(HERE / "scale.json"))
     parser.add_argument("--note", default="")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "GPUS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_case(args.one[0], int(args.one[1]), args.budget_seconds, args.seed)))
+        print(json.dumps(one_case(args.one[0], int(args.one[1]), args.budget_seconds, args.seed, args.batch_size)))
         return
     env = bench_env()
     # The code measured: HEAD, marked when tag_core differs from it (other sessions commit during long runs).
@@ -174,14 +183,15 @@ def main() -> None:
         commit += "+dirty"
     out = Path(args.out)
     previous = json.loads(out.read_text()) if out.exists() else {"results": []}
-    cases = {(r["model"], r["gpus"]): r for r in previous["results"]}  # re-runs replace their cases only
+    cases = {_key(r): r for r in previous["results"]}  # re-runs replace their cases only
     for model in args.models.split(","):
         ensure_profiled(model, env)
         for gpus in (int(g) for g in args.sizes.split(",")):
             runs = []
             for _ in range(args.runs):
+                batch = ["--batch-size", str(args.batch_size)] if args.batch_size else []
                 done = subprocess.run([sys.executable, __file__, "--one", model, str(gpus), "--budget-seconds",
-                                       str(args.budget_seconds), "--seed", str(args.seed)],
+                                       str(args.budget_seconds), "--seed", str(args.seed), *batch],
                                       env=env, cwd=ROOT, capture_output=True, text=True)
                 if done.returncode:
                     raise SystemExit(f"{model}/{gpus} failed:\n{done.stderr[-3000:]}")
@@ -190,12 +200,12 @@ def main() -> None:
                 print(f"{model} {gpus} GPUs: {r['wall_s']:.0f} s, {r['simulations']} sims, "
                       f"{r['peak_rss_mib']:.0f} MiB, x{r['speedup_vs_dp_nccl']}, load {r['load_average']:.1f}",
                       file=sys.stderr, flush=True)
-            cases[(model, gpus)] = _median(runs)
+            cases[_key(runs[0])] = _median(runs)
             report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                       "budget_s": args.budget_seconds, "runs": args.runs, "note": args.note,
                       "args": f"--models {args.models} --sizes {args.sizes} --budget-seconds "
                               f"{args.budget_seconds:g} --runs {args.runs}",
-                      "results": sorted(cases.values(), key=lambda r: (r["model"], r["gpus"]))}
+                      "results": sorted(cases.values(), key=lambda r: (*_key(r)[:2], r.get("batch_given") or 0))}
             out.write_text(json.dumps(report, indent=1) + "\n")  # after every case: a partial run still counts
             write_report(report, out)
 
