@@ -19,7 +19,6 @@ import numpy as np
 
 from tag_core.errors import TagInputError
 
-from .batch_rows import split_batch
 from .reshard import devices_of, is_large, reshard_units, rows_units, too_many_rows
 from .strategy import Strategy
 from .units import (
@@ -59,7 +58,7 @@ def place(ctx, s: Strategy) -> Placement:
     # whose share rounds to no row runs no replica, so it leaves the group.
     for g in np.flatnonzero(opt <= 1):
         devs = np.flatnonzero(active[g])
-        rows = split_batch(ctx.batch, group_share[g, devs], ctx.dev_tflops[devs])
+        rows = ctx.row_splits(s.masks[g], shares, devs)
         active[g, devs[rows == 0]] = False
         group_share[g, devs] = rows / ctx.batch
     g_of = s.op_groups

@@ -22,6 +22,7 @@ from tag_core.cluster.topology import Topology
 from tag_core.disjoint_sets import DisjointSets
 from tag_core.errors import TagInputError
 
+from .batch_rows import RowSplits
 from .comm import CommModel
 from .cost import ComputeModel, activation_bytes, bytes_per_s, variable_bytes
 from .engine import Schedule, comm_totals, execution_order, schedule
@@ -96,6 +97,8 @@ class Simulator:
         self.e_tensor = np.array([ids.setdefault((e.src, e.tensor), len(ids)) for e in E], dtype=np.int64)
         self.e_shared = np.bincount(self.e_tensor, minlength=len(ids))[self.e_tensor] > 1
         self._topology_arrays(topology)
+        # Split groups compute whole rows; spare rows go to the faster GPUs (peak FLOP/s).
+        self.row_splits = RowSplits(self.batch, np.array([g.tflops for g in self.dev_gpu], dtype=np.float64))
         self.ref_time = self.compute.times(topology.devices[0].gpu, self.batch)
         self.order, self.pos, self.tail = _priority_order(self, graph)
         self._variable_facts(graph)
@@ -110,7 +113,6 @@ class Simulator:
         names = sorted({g.name for g in self.dev_gpu})
         self.dev_gpu_id = np.array([names.index(g.name) for g in self.dev_gpu], dtype=np.int64)
         self.capacity = np.array([g.mem_bytes for g in self.dev_gpu], dtype=np.float64)
-        self.dev_tflops = np.array([g.tflops for g in self.dev_gpu], dtype=np.float64)
         self.machine_bw = self.comm.machine_bandwidth(topo)
         # Device pairs look their machines up: D x D arrays would take 12·D² bytes (800 MB at 8192 GPUs).
         self.dev_bw = DevicePairs(self.machine_bw, self.dev_machine)
