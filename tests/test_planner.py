@@ -147,6 +147,20 @@ def test_a_model_that_fits_nowhere_names_the_memory_it_needs():
     assert "fits no device set" in message and "GB" in message and "the cluster has 0.00 GB" in message
 
 
+def test_the_table_says_how_many_devices_compute_when_the_batch_leaves_some_idle():
+    """A batch of 8 on 16 GPUs: at most 8 replicas get rows, and `tag plan` says so."""
+    from tag_core.cli.plan import format_table
+
+    topo = topology(*[(f"m{i}", "V100-32GB", 4, 100.0) for i in range(4)], inter_gbps=10.0)
+    _, _, p = _plan(topo, budget=Budget(iterations=10))
+    data = p.to_dict()
+    computing = data["tag"]["computing_devices"]
+    assert 1 <= computing <= 8
+    assert (f"devices: {computing} of 16 compute (a batch of 8 gives whole rows to at most 8 replicas; "
+            "--batch-size sets it)") in format_table(data, p.actions)
+    assert "devices:" not in format_table({**data, "tag": {**data["tag"], "computing_devices": 16}}, p.actions)
+
+
 def test_profile_batch_sizes_are_divisors_near_the_replica_shares():
     topo = topology(("a", "V100-32GB", 4, 100.0), ("b", "T4", 2, 100.0), ("c", "T4", 2, 100.0))
     assert profile_batch_sizes(32, topo) == [4, 8]  # 32 / 8 devices, 32 / 4 on the largest machine

@@ -223,4 +223,10 @@ def format_table(data: dict, actions: list[str]) -> str:
         lines.append(f"priors: {lineage['prior']}" + (f" (checkpoint {lineage['checkpoint']})" if lineage.get("checkpoint") else ""))
     counts = Counter(actions)
     lines.append("groups: " + ", ".join(f"{n} x {a}" for a, n in counts.most_common()))
+    computing, devices = data["tag"].get("computing_devices"), len(data["tag"]["peak_memory_bytes"])
+    batch = data["batch_size"]
+    if computing is not None and computing < devices:
+        lines.append(f"devices: {computing} of {devices} compute" + (
+            f" (a batch of {batch} gives whole rows to at most {batch} replicas; --batch-size sets it)"
+            if batch < devices else ""))
     return "\n".join(lines)

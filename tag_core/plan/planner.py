@@ -161,6 +161,7 @@ class Plan:
     sfb: dict[str, Any] | None = None  # SfbResult.to_dict(): the gradients rebuilt from factors, solve times
     calibration: dict[str, Any] = field(default_factory=dict)  # applied (hash, uncalibrated time) or why not
     one_device: dict[str, Any] | None = None  # the plan is `single`: its time, device and why (step 8)
+    computing_devices: int | None = None  # devices with work in the plan (a split gives replicas whole rows)
 
     @property
     def time_s(self) -> float:
@@ -181,7 +182,8 @@ class Plan:
             "groups": self.groups.num_groups,
             "strategy": self.strategy.to_dict(),
             "tag": {"iteration_time_s": self.time_s, "iteration_time_s_without_sfb": self.tag.time_s,
-                    "actions": self.actions, "peak_memory_bytes": self.peak_memory_bytes, "settings": self.settings},
+                    "actions": self.actions, "peak_memory_bytes": self.peak_memory_bytes, "settings": self.settings,
+                    "computing_devices": self.computing_devices},
             "baselines": {k: {"iteration_time_s": v, "oom": self.baseline_oom.get(k, False)}
                           for k, v in self.baselines.items()},
             "speedup_vs_dp_nccl": dp / self.time_s if not self.baseline_oom.get("dp_nccl") else None,
@@ -310,6 +312,7 @@ def plan(
                                             "kernels_before": fusion.kernels_before,
                                             "kernels_after": fusion.kernels_after},
         sfb=sfb_report, calibration=calibration, one_device=one_device,
+        computing_devices=int((final.busy_s > 0).sum()),
     )
 
 
