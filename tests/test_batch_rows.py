@@ -8,6 +8,7 @@ from simgraphs import BATCH, profiles, topology, train_graph
 
 from tag_core.emit.place import SPLIT, place_ops
 from tag_core.simulate import Simulator, Strategy
+from tag_core.simulate.batch_rows import split_batch
 from tag_core.simulate.expand import place
 
 V100, T4 = "V100-16GB", "T4"
@@ -55,3 +56,14 @@ def test_rounding_gives_the_spare_rows_to_the_fastest_devices():
         rows = np.rint(p.group_share[0] * BATCH).astype(int)
         v100 = np.array([d.gpu.name == V100 for d in topo.devices])
         assert sorted(rows[v100].tolist()) == [1, 2, 2] and rows[~v100].tolist() == [1, 1, 1]
+
+
+def test_split_batch_is_proportional_and_exact():
+    assert split_batch(8, np.array([1.0, 2.0, 3.0, 2.0]), np.ones(4)).tolist() == [1, 2, 3, 2]
+    # Equal remainders and speeds: the earlier device.
+    assert split_batch(10, np.array([1.0, 1.0, 1.0]), np.ones(3)).tolist() == [4, 3, 3]
+    rows = split_batch(33, np.array([0.1, 0.7, 0.2]), np.ones(3)).tolist()
+    assert sum(rows) == 33 and rows == [3, 23, 7]
+    assert split_batch(2, np.array([1.0, 1.0, 1.0, 1.0]), np.ones(4)).tolist() == [1, 1, 0, 0]
+    # Among equal remainders the faster device gets the row, wherever it is listed.
+    assert split_batch(2, np.ones(4), np.array([1.0, 3.0, 2.0, 3.0])).tolist() == [0, 1, 0, 1]

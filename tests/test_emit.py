@@ -16,7 +16,6 @@ from tag_core.emit import emit, write_emission
 from tag_core.emit.place import SINGLE, SPLIT, Placement
 from tag_core.errors import TagInputError
 from tag_core.simulate import Strategy
-from tag_core.simulate.batch_rows import split_batch
 
 MLP = "mlp[features=12,hidden=16,layers=1]"
 DEVICE = re.compile(r"^/job:worker/task:(\d+)/device:(CPU|GPU):(\d+)$")
@@ -45,16 +44,6 @@ def _graph(spec):
     from tag_core.capture import capture
 
     return capture(spec).graph
-
-
-def test_split_batch_is_proportional_and_exact():
-    assert split_batch(8, np.array([1.0, 2.0, 3.0, 2.0])).tolist() == [1, 2, 3, 2]
-    assert split_batch(10, np.array([1.0, 1.0, 1.0])).tolist() == [4, 3, 3]  # ties go to the earlier device
-    rows = split_batch(33, np.array([0.1, 0.7, 0.2])).tolist()
-    assert sum(rows) == 33 and rows == [3, 23, 7]
-    assert split_batch(2, np.array([1.0, 1.0, 1.0, 1.0])).tolist() == [1, 1, 0, 0]
-    # Among equal remainders the faster device gets the row, wherever it is listed.
-    assert split_batch(2, np.ones(4), speed=np.array([1.0, 3.0, 2.0, 3.0])).tolist() == [0, 1, 0, 1]
 
 
 def test_placement_rows_and_weights():
