@@ -249,3 +249,14 @@ def test_results_for_prior_hooks_have_one_row_per_op_group():
         ops = grp.members(g)
         assert result.group_makespan_s[g] == pytest.approx(result.op_end_s[ops].max() - result.op_start_s[ops].min())
         assert result.group_idle_after_s[g] == pytest.approx(result.op_idle_after_s[ops].sum())
+
+
+def test_best_uniform_is_the_fastest_scored_plan_with_one_action_everywhere():
+    sim, grp, space, ev = _setup()
+    G = grp.num_groups
+    assert ev.best_uniform() is None
+    uniform = {a: ev.score(np.full(G, a)).time_s for a in range(0, space.size, 3)}
+    mixed = np.arange(G) % space.size
+    ev.score(mixed)  # a mixed plan is no candidate, however fast
+    fastest = min(uniform, key=lambda a: (ev.score(np.full(G, a)).oom, uniform[a]))
+    assert ev.best_uniform().tolist() == [fastest] * G

@@ -171,8 +171,9 @@ def test_profile_batch_sizes_are_divisors_near_the_replica_shares():
 # ---- the command -------------------------------------------------------------------------
 
 
-def _topology_file(tmp_path: Path, name: str = "tiny", mem_gb: float | None = None, both: bool = False) -> Path:
-    gpu = "T4" if mem_gb is None else {"name": "tiny", "tflops": 1.0, "mem_gb": mem_gb, "mem_bw_gbps": 100.0}
+def _topology_file(tmp_path: Path, name: str = "tiny", mem_gb: float | None = None, both: bool = False,
+                   tflops: float = 1.0) -> Path:
+    gpu = "T4" if mem_gb is None else {"name": "tiny", "tflops": tflops, "mem_gb": mem_gb, "mem_bw_gbps": 100.0 * tflops}
     data = {"name": name, "machines": [{"name": "m0", "gpu": gpu if both else "V100-16GB", "count": 2, "intra_gbps": 100},
                                        {"name": "m1", "gpu": gpu, "count": 2, "intra_gbps": 50}], "inter_gbps": 10}
     path = tmp_path / f"{name}.json"
@@ -238,15 +239,23 @@ def test_tag_plan_bad_arguments_exit_2(planned, args, where, capsys):
     assert err.startswith("tag: error:") and where in err and "\n" not in err
 
 
-def test_tag_plan_keeps_to_the_machines_that_fit(planned, capsys, tmp_path):
+@pytest.mark.parametrize("tflops", [1.0, 1000.0])
+def test_tag_plan_keeps_to_the_machines_that_fit(planned, capsys, tmp_path, tflops):
+    """m1's GPUs hold nothing; m0's V100s hold the model. Slow ones: the balanced batch split gives them no
+    rows, so the all-machines plan fits. Fast ones get rows under every split: out-of-memory mode."""
     _, db, _, _, _ = planned
-    half = _topology_file(tmp_path, "half", mem_gb=1e-8)  # m1's GPUs hold nothing; m0's V100s hold the model
+    half = _topology_file(tmp_path, "half", mem_gb=1e-8, tflops=tflops)
     assert main(["--db", str(db), "plan", MODEL, "--topology", str(half), "--budget-iterations", "5",
                  "--groups", "8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["oom"] is False and data["baselines"]["dp_nccl"]["oom"] is True
-    assert data["speedup_vs_dp_nccl"] is None and data["tag"]["settings"]["out_of_memory_mode"] is True
-    assert all(group["mask"][1] == 0 for group in data["strategy"]["groups"])
+    assert data["oom"] is False and data["baselines"]["dp_nccl"]["oom"] is True and data["speedup_vs_dp_nccl"] is None
+    settings = data["tag"]["settings"]
+    if tflops < 15.7:
+        assert settings["batch_shares"] == "balanced" and settings["out_of_memory_mode"] is False
+    else:
+        assert settings["out_of_memory_mode"] is True
+        assert all(group["mask"][1] == 0 for group in data["strategy"]["groups"])
+    assert data["tag"]["computing_devices"] <= 2
 
 
 def test_tag_plan_input_errors_exit_2(planned, capsys, tmp_path):

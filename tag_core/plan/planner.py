@@ -5,11 +5,12 @@ Steps:
 1. Simulator for (graph, topology, profiles, batch); DP-NCCL, DP-NCCL-P and Horovod.
 2. METIS op groups (`make_groups`, unless given: the `op_groups` asset passes its own).
 3. Strategy-wide settings, fixed before the search because they apply to every group:
-   batch shares (device speed, as DP-NCCL-P, or equal) × gradient fusion (none, or
-   Horovod's 64 MiB buckets) × gradient sync overlapping the backward pass or not,
-   picked by simulating the all-machines AllReduce plan under each. The eight include
-   DP-NCCL, DP-NCCL-P and Horovod themselves, so the search starts from the best of them.
-   If all eight run out of memory the search runs in out-of-memory mode: undecided
+   batch shares (device speed, as DP-NCCL-P; equal; or whole rows balanced by the compute model when
+   that split differs) × gradient fusion (none, or Horovod's 64 MiB buckets) × gradient sync
+   overlapping the backward pass or not, picked by simulating the all-machines AllReduce plan under
+   each. They include DP-NCCL, DP-NCCL-P and Horovod themselves, so the search starts from the best
+   of them.
+   If all of them run out of memory the search runs in out-of-memory mode: undecided
    groups default to the first plan that fits of model-parallel on every machine, then
    each mask of the space replicated or model-parallel. If none fits, the model fits no
    device set: TagInputError with the memory needed against the cluster's.
@@ -19,9 +20,9 @@ Steps:
    machine), which uniform priors try in their first sweep; one simulation per action.
 5. MCMC (search/mcmc.py) with as many simulations as MCTS used, from the same default.
 6. Sufficient Factor Broadcasting (sfb/milp.py): a MILP per synchronised gradient, kept where the
-   simulated step gets faster, on MCTS's plan and on the replicate-everything default under
-   each of the eight settings of step 3 (DP-NCCL and Horovod among them); the fastest is the
-   plan (`sfb=False` skips this step). MILPs and trial runs stop at the deadline (sfb_step.py).
+   simulated step gets faster, on MCTS's plan, the best uniform plan it scored, and the
+   replicate-everything default under each setting of step 3 (DP-NCCL and Horovod among them); the
+   fastest is the plan (`sfb=False` skips this step). MILPs and trial runs stop at the deadline (sfb_step.py).
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 8. One device: when the fastest single device that fits is no slower than the plan, as it may be for a
@@ -63,6 +64,7 @@ from tag_core.search.mcts import (
     SearchResult,
 )
 from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S
+from tag_core.simulate.batch_rows import balanced_shares, split_batch
 from tag_core.simulate.comm import CommModel
 from tag_core.simulate.simulator import Simulator
 from tag_core.simulate.strategy import OPTIONS, Strategy
@@ -275,10 +277,16 @@ def plan(
     strategy = ev.strategy(chosen)
     if sfb:
         with spinner("SFB: a MILP per synchronised gradient", show_progress):
-            candidates = [(tag.actions, ev, settings)] + default_candidates(
-                groups, default, settings, _setting_evaluators(sim, groups, space, speed))
+            # The search's best uniform plan too: SFB can save more on it than on the search's plan, whose
+            # groups may already avoid syncing what SFB would broadcast (a PS for one big FC kernel).
+            uniform = ev.best_uniform()
+            if uniform is None or uniform[0] == default or np.array_equal(uniform, tag.actions):
+                uniform = None
+            candidates = [(tag.actions, ev, settings)] + ([(uniform, ev, settings)] if uniform is not None else [])
+            candidates += default_candidates(groups, default, settings, _setting_evaluators(sim, groups, space, speed))
             chosen, sfb_settings, decided = sfb_candidates(sim, groups, candidates, sfb_time_limit_s, deadline)
-        sfb_report = {**decided.to_dict(sim), "applied_to": "search" if chosen is tag.actions else "default"}
+        applied_to = "search" if chosen is tag.actions else "uniform" if chosen is uniform else "default"
+        sfb_report = {**decided.to_dict(sim), "applied_to": applied_to}
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}
     final = sim.run(strategy)
@@ -370,11 +378,22 @@ def _best_uniform_plan(ev: Evaluator, num_groups: int, deadline: Deadline) -> np
 
 def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray):
     """(settings, evaluator) for each strategy-wide setting: shares × gradient fusion × overlap."""
-    for shares_name, shares in (("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))):
+    for shares_name, shares in _batch_shares(sim, speed):
         for fusion in (0, HOROVOD_FUSION_BYTES):
             for overlap in (True, False):
                 yield ({"batch_shares": shares_name, "fusion_bytes": fusion, "overlap": overlap},
                        Evaluator(sim, groups, space, shares, fusion_bytes=fusion, overlap=overlap, speed=speed))
+
+
+def _batch_shares(sim: Simulator, speed: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """By device speed (as DP-NCCL-P), equal, and balanced (whole rows that even out the replicas' compute,
+    batch_rows.py) where that split differs from both."""
+    out = [("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))]
+    balanced = balanced_shares(sim, speed)
+    rows = split_batch(sim.batch, balanced, speed)
+    if not any(np.array_equal(rows, split_batch(sim.batch, s, speed)) for _, s in out):
+        out.append(("balanced", balanced))
+    return out
 
 
 def _does_not_fit(sim: Simulator, result) -> None:

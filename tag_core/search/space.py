@@ -234,6 +234,15 @@ class Evaluator:
             self._remember(key, result)
         return hit
 
+    def best_uniform(self) -> np.ndarray | None:
+        """The fastest plan scored so far with one action for every group (None if none was)."""
+        best = None
+        for key, score in self.cache.items():
+            actions = np.frombuffer(key, dtype=np.int64)
+            if (actions == actions[0]).all() and (best is None or (score.oom, score.time_s) < best[0]):
+                best = ((score.oom, score.time_s), actions)
+        return None if best is None else best[1].copy()
+
     def result(self, actions: np.ndarray) -> SimResult:
         """The full SimResult of an action vector (simulated again if no longer kept), with
         `group_makespan_s` and `group_idle_after_s` per op group."""

@@ -3,7 +3,12 @@ sub-batches, and a device whose share rounds to no row runs no replica (the emit
 
 from __future__ import annotations
 
+import heapq
+from typing import Callable
+
 import numpy as np
+
+NO_ROWS_SHARE = 1e-6  # balanced_shares: the share, in rows, of a device it leaves without rows
 
 
 def split_batch(batch: int, shares: np.ndarray, speed: np.ndarray) -> np.ndarray:
@@ -16,6 +21,32 @@ def split_batch(batch: int, shares: np.ndarray, speed: np.ndarray) -> np.ndarray
     short = batch - int(rows.sum())
     if short > 0:
         rows[np.lexsort((np.arange(len(rows)), -np.asarray(speed, dtype=np.float64), rows - exact))[:short]] += 1
+    return rows
+
+
+def balanced_rows(batch: int, device_type: np.ndarray, speed: np.ndarray,
+                  step_time: Callable[[int, int], float]) -> np.ndarray:
+    """Whole rows per device that finish the slowest replica's compute first: each next row goes where it ends
+    soonest, `step_time(type, rows)` being a device of that type's step at that many rows. A per-op fixed cost
+    makes this differ from a split by speed, and a device whose first row would end last gets none. Devices of
+    one type get rows as even as whole rows allow (the spare to the earlier one); among equal times the row goes
+    to the device with fewer rows (times flat at a launch floor spread the batch), then the faster (`speed`),
+    then the earlier type."""
+    device_type = np.asarray(device_type, dtype=np.int64)
+    types, first, count = np.unique(device_type, return_index=True, return_counts=True)
+    given = np.zeros(len(types), dtype=np.int64)
+    heap = [(step_time(int(t), 1), 1, -float(speed[f]), k) for k, (t, f) in enumerate(zip(types, first))]
+    heapq.heapify(heap)
+    for _ in range(batch):  # types are few; each row is one pop and one push
+        _, _, neg_speed, k = heapq.heappop(heap)
+        given[k] += 1
+        level = int(given[k] // count[k]) + 1  # the rows of the device that would get the type's next row
+        heapq.heappush(heap, (step_time(int(types[k]), level), level, neg_speed, k))
+    rows = np.zeros(len(device_type), dtype=np.int64)
+    for k, t in enumerate(types.tolist()):
+        devices = np.flatnonzero(device_type == t)
+        rows[devices] = given[k] // count[k]
+        rows[devices[:given[k] % count[k]]] += 1
     return rows
 
 
@@ -38,3 +69,20 @@ class RowSplits:
                 self._kept.clear()
             rows = self._kept[key] = split_batch(self.batch, shares[devices], self.speed[devices])
         return rows
+
+
+def balanced_shares(sim, speed: np.ndarray) -> np.ndarray:
+    """Batch shares of `balanced_rows` over all of `sim`'s devices, by its compute model: over every device
+    they split into exactly those rows. A device left without rows keeps a token share (NO_ROWS_SHARE rows),
+    which rounds to no row beside the others, so that a group on its machines alone still has devices."""
+    types, first = np.unique(sim.dev_gpu_id, return_index=True)
+    gpu_of = dict(zip(types.tolist(), (sim.dev_gpu[int(d)] for d in first)))
+    times: dict[tuple[int, int], float] = {}
+
+    def step_time(gpu_type: int, rows: int) -> float:
+        if (gpu_type, rows) not in times:
+            times[gpu_type, rows] = float(sim.compute.times(gpu_of[gpu_type], rows).sum())
+        return times[gpu_type, rows]
+
+    rows = balanced_rows(sim.batch, sim.dev_gpu_id, speed, step_time)
+    return np.where(rows > 0, rows, NO_ROWS_SHARE) / sim.batch
