@@ -173,7 +173,8 @@ def test_profile_batch_sizes_are_divisors_near_the_replica_shares():
 
 def _topology_file(tmp_path: Path, name: str = "tiny", mem_gb: float | None = None, both: bool = False,
                    tflops: float = 1.0) -> Path:
-    gpu = "T4" if mem_gb is None else {"name": "tiny", "tflops": tflops, "mem_gb": mem_gb, "mem_bw_gbps": 100.0 * tflops}
+    gpu = "T4" if mem_gb is None else {"name": "tiny", "tflops": tflops, "mem_gb": mem_gb,
+                                       "mem_bw_gbps": 100.0 * tflops}
     data = {"name": name, "machines": [{"name": "m0", "gpu": gpu if both else "V100-16GB", "count": 2, "intra_gbps": 100},
                                        {"name": "m1", "gpu": gpu, "count": 2, "intra_gbps": 50}], "inter_gbps": 10}
     path = tmp_path / f"{name}.json"
@@ -419,3 +420,39 @@ def test_tag_plan_stays_on_one_device_when_the_measured_error_outweighs_the_gain
     assert data["strategy"]["name"] == "single"
     weighed = "median |error| 90% over 3 measured" in data["one_device"]["why"]
     assert weighed is (unweighed["strategy"]["name"] != "single")
+
+
+def test_sfb_is_tried_on_the_search_plan_the_best_uniform_plan_other_settings_and_the_defaults():
+    from tag_core.plan.planner import _setting_evaluators
+    from tag_core.plan.sfb_step import sfb_plan_candidates
+    from tag_core.search import Evaluator
+
+    g = train_graph(layers=4)
+    prof = profiles(g, "cpu", per_sample_us=100.0, constant_us=20.0)
+    sim = Simulator(g, _mixed(), prof)
+    groups = make_groups(g, prof, 4)
+    speed = device_speed(sim)
+    space = ActionSpace.build(sim, speed)
+    settings = list(_setting_evaluators(sim, groups, space, speed))
+    chosen, ev = settings[0]
+    default = space.all_machines
+    G = groups.num_groups
+    search = np.array([default, default + 1] * G)[:G]  # a mixed plan: not uniform
+    for a in (default, default + 1, 5):
+        ev.score(np.full(G, a))
+    uniform = ev.best_uniform()
+    candidates = sfb_plan_candidates(search, ev, {**chosen, "out_of_memory_mode": False}, default, settings)
+    labels = [c[3] for c in candidates]
+    assert labels[0] == "search" and candidates[0][1] is ev
+    assert ("uniform" in labels) == (uniform[0] != default)
+    others = [c for c in candidates if c[3] == "search, other settings"]
+    assert len(others) == len(settings) - 1 and all(np.array_equal(c[0], search) for c in others)
+    # The search's plan goes under every setting once.
+    under = sorted(json.dumps(c[2], sort_keys=True) for c in candidates if c[3].startswith("search"))
+    assert under == sorted(json.dumps({**s, "out_of_memory_mode": False}, sort_keys=True) for s, _ in settings)
+    defaults = [c for c in candidates if c[3] == "default"]
+    assert len(defaults) == len(settings) and all((c[0] == default).all() for c in defaults)
+    assert labels == sorted(labels, key=["search", "uniform", "search, other settings", "default"].index)
+    # Out-of-memory mode: the default is no candidate (it did not fit under any setting).
+    oom = sfb_plan_candidates(search, ev, {**chosen, "out_of_memory_mode": True}, default, settings)
+    assert "default" not in [c[3] for c in oom]

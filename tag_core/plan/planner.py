@@ -20,9 +20,10 @@ Steps:
    machine), which uniform priors try in their first sweep; one simulation per action.
 5. MCMC (search/mcmc.py) with as many simulations as MCTS used, from the same default.
 6. Sufficient Factor Broadcasting (sfb/milp.py): a MILP per synchronised gradient, kept where the
-   simulated step gets faster, on MCTS's plan, the best uniform plan it scored, and the
-   replicate-everything default under each setting of step 3 (DP-NCCL and Horovod among them); the
-   fastest is the plan (`sfb=False` skips this step). MILPs and trial runs stop at the deadline (sfb_step.py).
+   simulated step gets faster, on MCTS's plan, the best uniform plan it scored, MCTS's plan under the
+   other settings of step 3, and the replicate-everything default under each setting (DP-NCCL and
+   Horovod among them); the fastest is the plan (`sfb=False` skips this step). MILPs and trial runs
+   stop at the deadline (sfb_step.py).
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.
 8. One device: when the fastest single device that fits is no slower than the plan, as it may be for a
@@ -73,7 +74,7 @@ from .deadline import Deadline
 from .measured_error import MeasuredError
 from .one_device import one_device_instead
 from .progress import search_progress, spinner
-from .sfb_step import default_candidates, sfb_candidates
+from .sfb_step import sfb_candidates, sfb_plan_candidates
 from .warm_start import warm_start_actions
 
 DEFAULT_ITERATIONS = 300
@@ -272,20 +273,14 @@ def plan(
     with spinner("MCMC, the comparison search", show_progress):
         mcmc = (_unmoved(ev, np.full(groups.num_groups, default)) if mcmc_budget.seconds == 0 else
                 mcmc_search(mcmc_ev, np.full(groups.num_groups, default), mcmc_budget, dp.iteration_time_s, seed=seed))
-    chosen = tag.actions
-    sfb_report = None
+    chosen, sfb_report = tag.actions, None
     strategy = ev.strategy(chosen)
     if sfb:
         with spinner("SFB: a MILP per synchronised gradient", show_progress):
-            # The search's best uniform plan too: SFB can save more on it than on the search's plan, whose
-            # groups may already avoid syncing what SFB would broadcast (a PS for one big FC kernel).
-            uniform = ev.best_uniform()
-            if uniform is None or uniform[0] == default or np.array_equal(uniform, tag.actions):
-                uniform = None
-            candidates = [(tag.actions, ev, settings)] + ([(uniform, ev, settings)] if uniform is not None else [])
-            candidates += default_candidates(groups, default, settings, _setting_evaluators(sim, groups, space, speed))
-            chosen, sfb_settings, decided = sfb_candidates(sim, groups, candidates, sfb_time_limit_s, deadline)
-        applied_to = "search" if chosen is tag.actions else "uniform" if chosen is uniform else "default"
+            candidates = sfb_plan_candidates(tag.actions, ev, settings, default,
+                                             list(_setting_evaluators(sim, groups, space, speed)))
+            chosen, sfb_settings, decided, applied_to = sfb_candidates(sim, groups, candidates, sfb_time_limit_s,
+                                                                       deadline)
         sfb_report = {**decided.to_dict(sim), "applied_to": applied_to}
         strategy, settings = decided.strategy, sfb_settings
     strategy.extra = {"machines": [m.name for m in topology.machines]}

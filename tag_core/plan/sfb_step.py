@@ -1,5 +1,5 @@
-"""Step 6 of `plan`: Sufficient Factor Broadcasting on the search's plan and the replicate-everything
-defaults, inside the deadline.
+"""Step 6 of `plan`: Sufficient Factor Broadcasting on the search's plan and a few others
+(`sfb_plan_candidates`), inside the deadline.
 
 `sfb.milp.decide` solves one MILP per synchronised gradient and `apply_sfb` simulates one trial per
 gradient the MILPs chose: on 8192 GPUs that was minutes, after the budget had run out. Here the MILPs
@@ -25,14 +25,40 @@ from tag_core.simulate.strategy import Strategy
 from .deadline import Deadline
 
 
-def sfb_candidates(sim: Simulator, groups: OpGroups, candidates: Iterable[tuple[np.ndarray, Evaluator, dict]],
-                   time_limit_s: float, deadline: Deadline) -> tuple[np.ndarray, dict, SfbResult]:
-    """SFB on each (actions, evaluator, settings) candidate, the first always, the others while the deadline
-    allows; returns the fastest as (actions, settings, SfbResult). Decisions depend only on placement, so
-    they are solved once per distinct batch split."""
+def sfb_plan_candidates(search: np.ndarray, ev: Evaluator, settings: dict, default: int,
+                        setting_evaluators: list[tuple[dict, Evaluator]]) -> list[tuple]:
+    """SFB's (actions, evaluator, settings, what it is) candidates, in the order the deadline takes them:
+    - the search's plan;
+    - the best uniform plan the search scored: SFB can save more there, as the search's groups may already
+      avoid syncing what SFB would broadcast (a PS for one large kernel);
+    - the search's plan under the other strategy-wide settings, which were chosen on the all-machines
+      AllReduce plan before the search;
+    - the replicate-everything default under every setting (none in out-of-memory mode)."""
+    out = [(search, ev, settings, "search")]
+    uniform = ev.best_uniform()
+    if uniform is not None and uniform[0] != default and not np.array_equal(uniform, search):
+        out.append((uniform, ev, settings, "uniform"))
+    others = [(s, e) for s, e in setting_evaluators if s != _without_oom_mode(settings)]
+    mode = settings.get("out_of_memory_mode", False)
+    out += [(search, e, {**s, "out_of_memory_mode": mode}, "search, other settings") for s, e in others]
+    if not settings.get("out_of_memory_mode"):
+        full = np.full(len(search), default)
+        out += [(full, e, {**s, "out_of_memory_mode": False}, "default") for s, e in setting_evaluators]
+    return out
+
+
+def _without_oom_mode(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k != "out_of_memory_mode"}
+
+
+def sfb_candidates(sim: Simulator, groups: OpGroups, candidates: Iterable[tuple[np.ndarray, Evaluator, dict, str]],
+                   time_limit_s: float, deadline: Deadline) -> tuple[np.ndarray, dict, SfbResult, str]:
+    """SFB on each (actions, evaluator, settings, what it is) candidate, the first always, the others while the
+    deadline allows; returns the fastest as (actions, settings, SfbResult, what it is). Decisions depend only
+    on placement, so they are solved once per distinct batch split."""
     solved: dict[bytes, list[Decision]] = {}
     best = None
-    for actions, e, s in candidates:
+    for actions, e, s, what in candidates:
         if best is not None and not deadline.sfb_time_left():
             break
         strategy = e.strategy(actions)
@@ -41,16 +67,8 @@ def sfb_candidates(sim: Simulator, groups: OpGroups, candidates: Iterable[tuple[
             solved[key] = decide(sim, strategy, time_limit_s, keep_going=deadline.sfb_time_left)
         result = apply_within(sim, strategy, time_limit_s, solved[key], deadline)
         if best is None or (result.oom, result.time_with_s) < (best[2].oom, best[2].time_with_s):
-            best = (actions, s, result)
+            best = (actions, s, result, what)
     return best
-
-
-def default_candidates(groups: OpGroups, default: int, settings: dict, setting_evaluators) -> list[tuple]:
-    """The replicate-everything default under every strategy-wide setting (none in out-of-memory mode)."""
-    if settings.get("out_of_memory_mode"):
-        return []
-    full = np.full(groups.num_groups, default)
-    return [(full, e, {**s, "out_of_memory_mode": False}) for s, e in setting_evaluators]
 
 
 def apply_within(sim: Simulator, strategy: Strategy, time_limit_s: float, decisions: list[Decision],
