@@ -59,7 +59,7 @@ def test_plan_json_carries_every_field_and_beats_the_baselines():
     assert 0 < data["ideal_time_s"] <= tag
     assert data["oom"] is False
     assert data["search"]["iterations"] == 30  # the default plan, scored first, is iteration 1
-    assert 1 <= data["search"]["simulations"] <= data["search"]["iterations"] + 8
+    assert 1 <= data["search"]["simulations"] <= data["search"]["iterations"] + 10
     # The strategy round-trips and re-simulates to the reported time.
     strategy = Strategy.from_dict(data["strategy"])
     sim = Simulator(g, _mixed(), prof)
@@ -84,7 +84,9 @@ def test_plan_is_deterministic_for_a_seed():
 def test_mcmc_gets_the_same_simulation_budget():
     _, _, p = _plan()
     assert p.mcmc.simulations == p.evaluator.simulations
-    assert p.simulations == p.evaluator.simulations + 7  # seven of the eight setting probes are not MCTS's
+    # Ten setting probes: AllReduce under eight settings, PS under each of the two batch splits (the balanced
+    # one is the split by speed here); the chosen setting's one or two are MCTS's own.
+    assert p.simulations - p.evaluator.simulations in (8, 9)
     assert p.baselines["mcmc"] == p.mcmc.time_s
 
 

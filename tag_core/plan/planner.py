@@ -8,8 +8,8 @@ Steps:
    batch shares (device speed, as DP-NCCL-P; equal; or whole rows balanced by the compute model when
    that split differs) × gradient fusion (none, or Horovod's 64 MiB buckets) × gradient sync
    overlapping the backward pass or not, picked by simulating the all-machines AllReduce plan under
-   each. They include DP-NCCL, DP-NCCL-P and Horovod themselves, so the search starts from the best
-   of them.
+   each, a batch split also by the all-machines PS plan. They include DP-NCCL, DP-NCCL-P and Horovod
+   themselves, so the search starts from the best of them.
    If all of them run out of memory the search runs in out-of-memory mode: undecided
    groups default to the first plan that fits of model-parallel on every machine, then
    each mask of the space replicated or model-parallel. If none fits, the model fits no
@@ -332,16 +332,24 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.nd
     the deadline (if any) the settings tried so far (the first at least) decide."""
     G = groups.num_groups
     allreduce = space.all_machines
+    ps = allreduce - OPTIONS.index("allreduce") + OPTIONS.index("ps")
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
     for settings, ev in _setting_evaluators(sim, groups, space, speed):
         if tried and deadline is not None and deadline.passed():
             break
         score = ev.score(np.full(G, allreduce))
-        tried.append(((score.oom, score.time_s), ev, settings))
-    spent = len(tried)
+        time_s = score.time_s
+        # A batch split is judged by PS on every machine too (once per split: buckets are AllReduce's), as
+        # the plan may well be PS: a split that evens out the replicas' optimizer steps can misjudge it.
+        if settings["fusion_bytes"] == 0 and settings["overlap"]:
+            on_ps = ev.score(np.full(G, ps))
+            time_s = min(time_s, np.inf if on_ps.oom else on_ps.time_s)
+        tried.append(((score.oom, time_s), ev, settings))
     key, ev, settings = min(tried, key=lambda t: t[0])
-    if not key[0]:
-        return ev, spent - 1, allreduce, {**settings, "out_of_memory_mode": False}
+    spent = sum(t[1].simulations for t in tried) - ev.simulations  # the chosen evaluator counts its own
+    if not key[0]:  # the search's default stays AllReduce everywhere (it fits): MCTS moves groups away from it
+        return ev, spent, allreduce, {**settings, "out_of_memory_mode": False}
+    spent += ev.simulations
     # Out of memory everywhere: model-parallel on every machine first, then each mask of the
     # space (smaller sets hold fewer replicas) replicated and model-parallel, until one fits.
     ev = Evaluator(sim, groups, space, speed / speed.sum(), fusion_bytes=0, overlap=True, speed=speed)
