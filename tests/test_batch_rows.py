@@ -136,3 +136,9 @@ def test_a_device_the_balanced_split_leaves_without_rows_still_serves_a_group_of
     assert (sim.run(both).busy_s > 0).tolist() == [True, False]
     alone = Strategy.uniform(len(g.ops), 2, 2, "allreduce", batch_shares=shares, mask=np.array([False, True]))
     assert (sim.run(alone).busy_s > 0).tolist() == [False, True]
+
+
+def test_balanced_rows_stop_past_the_most_rows_a_device_may_take():
+    step = lambda t, r: 1.0 + r  # noqa: E731
+    assert balanced_rows(32, np.zeros(2, dtype=int), np.ones(2), step, max_rows=16).tolist() == [16, 16]
+    assert balanced_rows(33, np.zeros(2, dtype=int), np.ones(2), step, max_rows=16) is None

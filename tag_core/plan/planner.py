@@ -390,12 +390,13 @@ def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, sp
 
 def _batch_shares(sim: Simulator, speed: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """By device speed (as DP-NCCL-P), equal, and balanced (whole rows that even out the replicas' compute,
-    batch_rows.py) where that split differs from both."""
+    batch_rows.py) where that split exists and differs from both."""
     out = [("speed", speed / speed.sum()), ("equal", np.ones(sim.num_devices))]
     balanced = balanced_shares(sim, speed)
-    rows = split_batch(sim.batch, balanced, speed)
-    if not any(np.array_equal(rows, split_batch(sim.batch, s, speed)) for _, s in out):
-        out.append(("balanced", balanced))
+    if balanced is not None:
+        rows = split_batch(sim.batch, balanced, speed)
+        if not any(np.array_equal(rows, split_batch(sim.batch, s, speed)) for _, s in out):
+            out.append(("balanced", balanced))
     return out
 
 

@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 
 NO_ROWS_SHARE = 1e-6  # balanced_shares: the share, in rows, of a device it leaves without rows
+BALANCED_MAX_ROWS = 16  # balanced_shares: the most rows on a device it considers
 
 
 def split_batch(batch: int, shares: np.ndarray, speed: np.ndarray) -> np.ndarray:
@@ -24,23 +25,29 @@ def split_batch(batch: int, shares: np.ndarray, speed: np.ndarray) -> np.ndarray
     return rows
 
 
-def balanced_rows(batch: int, device_type: np.ndarray, speed: np.ndarray,
-                  step_time: Callable[[int, int], float]) -> np.ndarray:
+def balanced_rows(batch: int, device_type: np.ndarray, speed: np.ndarray, step_time: Callable[[int, int], float],
+                  max_rows: int | None = None) -> np.ndarray | None:
     """Whole rows per device that finish the slowest replica's compute first: each next row goes where it ends
     soonest, `step_time(type, rows)` being a device of that type's step at that many rows. A per-op fixed cost
     makes this differ from a split by speed, and a device whose first row would end last gets none. Devices of
     one type get rows as even as whole rows allow (the spare to the earlier one); among equal times the row goes
     to the device with fewer rows (times flat at a launch floor spread the batch), then the faster (`speed`),
-    then the earlier type."""
+    then the earlier type. None when some device would get more than `max_rows`."""
     device_type = np.asarray(device_type, dtype=np.int64)
     types, first, count = np.unique(device_type, return_index=True, return_counts=True)
     given = np.zeros(len(types), dtype=np.int64)
     heap = [(step_time(int(t), 1), 1, -float(speed[f]), k) for k, (t, f) in enumerate(zip(types, first))]
     heapq.heapify(heap)
-    for _ in range(batch):  # types are few; each row is one pop and one push
-        _, _, neg_speed, k = heapq.heappop(heap)
-        given[k] += 1
-        level = int(given[k] // count[k]) + 1  # the rows of the device that would get the type's next row
+    left = batch
+    while left:
+        _, level, neg_speed, k = heapq.heappop(heap)
+        if max_rows is not None and level > max_rows:
+            return None
+        # Every device of the type still below `level` ends its next row at the same time: all of them in turn.
+        take = min(int(count[k] - given[k] % count[k]), left)
+        given[k] += take
+        left -= take
+        level = int(given[k] // count[k]) + 1
         heapq.heappush(heap, (step_time(int(types[k]), level), level, neg_speed, k))
     rows = np.zeros(len(device_type), dtype=np.int64)
     for k, t in enumerate(types.tolist()):
@@ -71,18 +78,17 @@ class RowSplits:
         return rows
 
 
-def balanced_shares(sim, speed: np.ndarray) -> np.ndarray:
+def balanced_shares(sim, speed: np.ndarray) -> np.ndarray | None:
     """Batch shares of `balanced_rows` over all of `sim`'s devices, by its compute model: over every device
     they split into exactly those rows. A device left without rows keeps a token share (NO_ROWS_SHARE rows),
-    which rounds to no row beside the others, so that a group on its machines alone still has devices."""
+    which rounds to no row beside the others, so that a group on its machines alone still has devices. None
+    past BALANCED_MAX_ROWS rows on a device: there fixed costs are small beside the rows' work, and the split
+    by speed (measured at an even share) balances as well; each level costs the compute model a table."""
     types, first = np.unique(sim.dev_gpu_id, return_index=True)
     gpu_of = dict(zip(types.tolist(), (sim.dev_gpu[int(d)] for d in first)))
-    times: dict[tuple[int, int], float] = {}
 
     def step_time(gpu_type: int, rows: int) -> float:
-        if (gpu_type, rows) not in times:
-            times[gpu_type, rows] = float(sim.compute.times(gpu_of[gpu_type], rows).sum())
-        return times[gpu_type, rows]
+        return float(sim.compute.times(gpu_of[gpu_type], rows).sum())
 
-    rows = balanced_rows(sim.batch, sim.dev_gpu_id, speed, step_time)
-    return np.where(rows > 0, rows, NO_ROWS_SHARE) / sim.batch
+    rows = balanced_rows(sim.batch, sim.dev_gpu_id, speed, step_time, max_rows=BALANCED_MAX_ROWS)
+    return None if rows is None else np.where(rows > 0, rows, NO_ROWS_SHARE) / sim.batch
