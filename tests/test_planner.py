@@ -84,9 +84,9 @@ def test_plan_is_deterministic_for_a_seed():
 def test_mcmc_gets_the_same_simulation_budget():
     _, _, p = _plan()
     assert p.mcmc.simulations == p.evaluator.simulations
-    # Ten setting probes: AllReduce under eight settings, PS under each of the two batch splits (the balanced
-    # one is the split by speed here); the chosen setting's one or two are MCTS's own.
-    assert p.simulations - p.evaluator.simulations in (8, 9)
+    # The setting probes: AllReduce under eight settings and PS under each distinct batch split (the balanced
+    # one is the split by speed here), less the chosen setting's own one or two, which are MCTS's.
+    assert p.simulations - p.evaluator.simulations in (7, 8, 9)
     assert p.baselines["mcmc"] == p.mcmc.time_s
 
 

@@ -334,6 +334,7 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.nd
     allreduce = space.all_machines
     ps = allreduce - OPTIONS.index("allreduce") + OPTIONS.index("ps")
     tried: list[tuple[tuple[bool, float], Evaluator, dict]] = []
+    on_ps: dict[bytes, Score] = {}  # per distinct split of the batch over every device
     for settings, ev in _setting_evaluators(sim, groups, space, speed):
         if tried and deadline is not None and deadline.passed():
             break
@@ -342,8 +343,10 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.nd
         # A batch split is judged by PS on every machine too (once per split: buckets are AllReduce's), as
         # the plan may well be PS: a split that evens out the replicas' optimizer steps can misjudge it.
         if settings["fusion_bytes"] == 0 and settings["overlap"]:
-            on_ps = ev.score(np.full(G, ps))
-            time_s = min(time_s, np.inf if on_ps.oom else on_ps.time_s)
+            rows = split_batch(sim.batch, ev.shares, speed).tobytes()
+            if rows not in on_ps:  # on thousands of GPUs a PS everywhere takes seconds to simulate
+                on_ps[rows] = ev.score(np.full(G, ps))
+            time_s = min(time_s, np.inf if on_ps[rows].oom else on_ps[rows].time_s)
         tried.append(((score.oom, time_s), ev, settings))
     key, ev, settings = min(tried, key=lambda t: t[0])
     spent = sum(t[1].simulations for t in tried) - ev.simulations  # the chosen evaluator counts its own
