@@ -349,6 +349,8 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.nd
             time_s = min(time_s, np.inf if on_ps[rows].oom else on_ps[rows].time_s)
         tried.append(((score.oom, time_s), ev, settings))
     key, ev, settings = min(tried, key=lambda t: t[0])
+    if settings["fusion_bytes"] == 0 and settings["overlap"]:  # its PS probe may have run under another split
+        ev.score(np.full(G, ps))  # alike: the chosen evaluator holds it too, so SFB sees it (Evaluator.best_uniform)
     spent = sum(t[1].simulations for t in tried) - ev.simulations  # the chosen evaluator counts its own
     if not key[0]:  # the search's default stays AllReduce everywhere (it fits): MCTS moves groups away from it
         return ev, spent, allreduce, {**settings, "out_of_memory_mode": False}
