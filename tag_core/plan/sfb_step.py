@@ -31,19 +31,19 @@ def sfb_plan_candidates(search: np.ndarray, ev: Evaluator, settings: dict, defau
     - the search's plan;
     - the best uniform plan the search scored: SFB can save more there, as the search's groups may already
       avoid syncing what SFB would broadcast (a PS for one large kernel);
-    - the search's plan under the other strategy-wide settings, which were chosen on the all-machines
-      AllReduce plan before the search;
-    - the replicate-everything default under every setting (none in out-of-memory mode)."""
+    - the replicate-everything default under every setting (none in out-of-memory mode): with factors
+      broadcast, plain data parallelism often wins on thousands of GPUs;
+    - last, the search's plan under the other strategy-wide settings, which were chosen before the search."""
     out = [(search, ev, settings, "search")]
     uniform = ev.best_uniform()
     if uniform is not None and uniform[0] != default and not np.array_equal(uniform, search):
         out.append((uniform, ev, settings, "uniform"))
-    others = [(s, e) for s, e in setting_evaluators if s != _without_oom_mode(settings)]
     mode = settings.get("out_of_memory_mode", False)
-    out += [(search, e, {**s, "out_of_memory_mode": mode}, "search, other settings") for s, e in others]
-    if not settings.get("out_of_memory_mode"):
+    if not mode:
         full = np.full(len(search), default)
         out += [(full, e, {**s, "out_of_memory_mode": False}, "default") for s, e in setting_evaluators]
+    others = [(s, e) for s, e in setting_evaluators if s != _without_oom_mode(settings)]
+    out += [(search, e, {**s, "out_of_memory_mode": mode}, "search, other settings") for s, e in others]
     return out
 
 
