@@ -454,7 +454,7 @@ def test_sfb_is_tried_on_the_search_plan_the_best_uniform_plan_other_settings_an
     assert under == sorted(json.dumps({**s, "out_of_memory_mode": False}, sort_keys=True) for s, _ in settings)
     defaults = [c for c in candidates if c[3] == "default"]
     assert len(defaults) == len(settings) and all((c[0] == default).all() for c in defaults)
-    assert labels == sorted(labels, key=["search", "uniform", "default", "search, other settings"].index)
+    assert labels == sorted(labels, key=["search", "default", "uniform", "search, other settings"].index)
     # Out-of-memory mode: the default is no candidate (it did not fit under any setting).
     oom = sfb_plan_candidates(search, ev, {**chosen, "out_of_memory_mode": True}, default, settings)
     assert "default" not in [c[3] for c in oom]

@@ -20,9 +20,9 @@ Steps:
    machine), which uniform priors try in their first sweep; one simulation per action.
 5. MCMC (search/mcmc.py) with as many simulations as MCTS used, from the same default.
 6. Sufficient Factor Broadcasting (sfb/milp.py): a MILP per synchronised gradient, kept where the
-   simulated step gets faster, on MCTS's plan, the best uniform plan it scored, the
-   replicate-everything default under each setting of step 3 (DP-NCCL and Horovod among them), and
-   MCTS's plan under the other settings; the fastest is the plan (`sfb=False` skips this step). MILPs
+   simulated step gets faster, on MCTS's plan, the replicate-everything default under each setting
+   of step 3 (DP-NCCL and Horovod among them), the best uniform plan MCTS scored, and MCTS's plan
+   under the other settings; the fastest is the plan (`sfb=False` skips this step). MILPs
    and trial runs stop at the deadline (sfb_step.py), taking the candidates in that order.
 7. ideal time: the step's compute, perfectly balanced over every device, no
    communication: 1 / sum_d (1 / T_d) with T_d the whole step at full batch on device d.

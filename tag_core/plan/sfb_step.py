@@ -29,19 +29,20 @@ def sfb_plan_candidates(search: np.ndarray, ev: Evaluator, settings: dict, defau
                         setting_evaluators: list[tuple[dict, Evaluator]]) -> list[tuple]:
     """SFB's (actions, evaluator, settings, what it is) candidates, in the order the deadline takes them:
     - the search's plan;
+    - the replicate-everything default under every setting (none in out-of-memory mode): with factors
+      broadcast, plain data parallelism often wins, on thousands of GPUs too, where the deadline leaves SFB
+      little time;
     - the best uniform plan the search scored: SFB can save more there, as the search's groups may already
       avoid syncing what SFB would broadcast (a PS for one large kernel);
-    - the replicate-everything default under every setting (none in out-of-memory mode): with factors
-      broadcast, plain data parallelism often wins on thousands of GPUs;
     - last, the search's plan under the other strategy-wide settings, which were chosen before the search."""
     out = [(search, ev, settings, "search")]
-    uniform = ev.best_uniform()
-    if uniform is not None and uniform[0] != default and not np.array_equal(uniform, search):
-        out.append((uniform, ev, settings, "uniform"))
     mode = settings.get("out_of_memory_mode", False)
     if not mode:
         full = np.full(len(search), default)
         out += [(full, e, {**s, "out_of_memory_mode": False}, "default") for s, e in setting_evaluators]
+    uniform = ev.best_uniform()
+    if uniform is not None and uniform[0] != default and not np.array_equal(uniform, search):
+        out.append((uniform, ev, settings, "uniform"))
     others = [(s, e) for s, e in setting_evaluators if s != _without_oom_mode(settings)]
     out += [(search, e, {**s, "out_of_memory_mode": mode}, "search, other settings") for s, e in others]
     return out
