@@ -342,15 +342,15 @@ def _settings(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.nd
         time_s = score.time_s
         # A batch split is judged by PS on every machine too (once per split: buckets are AllReduce's), as
         # the plan may well be PS: a split that evens out the replicas' optimizer steps can misjudge it.
-        if settings["fusion_bytes"] == 0 and settings["overlap"]:
+        if _probes_ps(settings):
             rows = split_batch(sim.batch, ev.shares, speed).tobytes()
             if rows not in on_ps:  # on thousands of GPUs a PS everywhere takes seconds to simulate
                 on_ps[rows] = ev.score(np.full(G, ps))
             time_s = min(time_s, np.inf if on_ps[rows].oom else on_ps[rows].time_s)
         tried.append(((score.oom, time_s), ev, settings))
     key, ev, settings = min(tried, key=lambda t: t[0])
-    if settings["fusion_bytes"] == 0 and settings["overlap"]:  # its PS probe may have run under another split
-        ev.score(np.full(G, ps))  # alike: the chosen evaluator holds it too, so SFB sees it (Evaluator.best_uniform)
+    if _probes_ps(settings):  # its PS probe may have run under another split alike: the chosen evaluator
+        ev.score(np.full(G, ps))  # holds it too, so SFB sees it (Evaluator.best_uniform)
     spent = sum(t[1].simulations for t in tried) - ev.simulations  # the chosen evaluator counts its own
     if not key[0]:  # the search's default stays AllReduce everywhere (it fits): MCTS moves groups away from it
         return ev, spent, allreduce, {**settings, "out_of_memory_mode": False}
@@ -382,6 +382,11 @@ def _best_uniform_plan(ev: Evaluator, num_groups: int, deadline: Deadline) -> np
         if best is None or (score.oom, score.time_s) < best[0]:
             best = ((score.oom, score.time_s), actions)
     return None if best is None else best[1]
+
+
+def _probes_ps(settings: dict) -> bool:
+    """The one setting per batch split that also scores PS on every machine (buckets are AllReduce's)."""
+    return settings["fusion_bytes"] == 0 and settings["overlap"]
 
 
 def _setting_evaluators(sim: Simulator, groups: OpGroups, space: ActionSpace, speed: np.ndarray):
