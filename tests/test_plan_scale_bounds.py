@@ -5,6 +5,7 @@ uniform-plan incumbent that stop at the deadline, and exact class-level shortcut
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -12,14 +13,12 @@ from simgraphs import profiles, train_graph
 
 from tag_core.cluster import Machine, Topology, lookup_gpu
 from tag_core.plan import plan
-from tag_core.plan.deadline import FINAL_SIMULATIONS, Deadline
+from tag_core.plan.deadline import FINAL_SIMULATIONS, SFB_SHARE, Deadline
 from tag_core.plan.planner import _best_uniform_plan, ideal_time_s
-from tag_core.plan.sfb_step import apply_within
 from tag_core.search import Budget
 from tag_core.search.baselines import device_speed
 from tag_core.search.grouping import OpGroups
 from tag_core.search.space import MODEL_PARALLEL, ActionSpace, Evaluator
-from tag_core.sfb.milp import Decision, SfbResult
 from tag_core.simulate import Simulator, Strategy, memory
 from tag_core.simulate.cost import allgather_time, broadcast_time, hierarchical_allgather_time
 from tag_core.simulate.simulator import Simulator as SimulatorClass
@@ -87,23 +86,20 @@ def test_the_uniform_incumbent_scores_nothing_past_the_deadline_and_everything_w
     assert (ev.score(best).oom, ev.score(best).time_s) == min((s.oom, s.time_s) for s in scores)
 
 
-def test_sfb_tries_only_the_simulations_the_deadline_pays_for(monkeypatch):
-    deadline = Deadline(at=None)
-    assert deadline.sfb_time_left() and deadline.sfb_simulations_left() > 10**6
+def test_sfb_trials_stop_where_only_the_final_runs_time_is_left():
+    assert Deadline(at=None).sfb_trial_fits(1e9)
     late = Deadline(at=0.0, seconds_per_simulation=1.0)
-    assert not late.sfb_time_left() and late.sfb_simulations_left() == 0
-    ev = _evaluator(_cluster(9))
-    strategy = ev.strategy(np.full(2, ev.space.all_machines))
-    decisions = [Decision(f"v{i}", "g", "sfb", duplicated=[i], sync_saved_s=float(i)) for i in range(5)]
-    decisions.append(Decision("w", "g", "no_gain"))
-    seen = []
-    monkeypatch.setattr("tag_core.plan.sfb_step.apply_sfb",
-                        lambda sim, s, limit, decisions: seen.append(decisions) or SfbResult(s, decisions, [], 1.0, 1.0))
-    monkeypatch.setattr(Deadline, "sfb_simulations_left", lambda self: 3)
-    result = apply_within(ev.sim, strategy, 1.0, decisions, late)
-    tried = [d.variable for d in seen[0] if d.status == "sfb"]
-    assert tried == ["v4", "v3"]  # the plan without SFB and two trials: the largest savings
-    assert result.decisions == decisions  # the report still lists every decision
+    assert not late.sfb_time_left() and not late.sfb_trial_fits(0.0)
+    soon = Deadline(at=time.perf_counter() + 100.0, seconds_per_simulation=1.0, slowest_s=4.0)
+    final_s = FINAL_SIMULATIONS * 1.0 + 4.0
+    assert soon.sfb_trial_fits(80.0 - final_s) and not soon.sfb_trial_fits(100.0 - final_s)
+
+
+def test_a_seconds_budget_holds_back_its_sfb_share_unless_sfb_is_off():
+    budget = Budget(seconds=100.0)
+    with_sfb, without = Deadline.starting_now(budget), Deadline.starting_now(budget, sfb=False)
+    assert with_sfb.reserve_s == SFB_SHARE * 100.0 and without.reserve_s == 0.0
+    assert Deadline.starting_now(Budget(iterations=3)).reserve_s == 0.0
 
 
 def test_ideal_time_per_gpu_type_is_the_per_device_sum():

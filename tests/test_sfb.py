@@ -102,6 +102,19 @@ def test_a_solve_past_its_time_limit_keeps_the_gradient_synchronised():
     assert result.time_with_s == result.time_without_s == sim.run(_dp(g)).iteration_time_s
 
 
+def test_a_trial_runs_only_while_the_deadline_says_one_more_simulation_fits():
+    g = dense_graph()
+    sim = Simulator(g, TWO_GTX, linear_profiles(g), batch_size=16)
+    decisions = decide(sim, _dp(g))
+    asked: list[float] = []
+    refused = apply_sfb(sim, _dp(g), decisions=decisions, keep_going=lambda s: asked.append(s) or False)
+    assert len(asked) == 1 and asked[0] > 0  # asked with the time the plan without SFB took
+    assert refused.kept == [] and refused.time_with_s == refused.time_without_s
+    assert refused.decisions == decisions  # the report still lists what the MILPs chose
+    allowed = apply_sfb(sim, _dp(g), decisions=decisions, keep_going=lambda s: True)
+    assert allowed.kept == ["w"] and allowed.time_with_s < allowed.time_without_s
+
+
 def test_sfb_in_a_ps_group_saves_the_push():
     g = dense_graph()
     sim = Simulator(g, TWO_GTX, linear_profiles(g), batch_size=16)

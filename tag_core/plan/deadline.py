@@ -2,11 +2,13 @@
 
 With `--budget-seconds S` the clock starts when planning starts (capture and profiles are
 cached work and not counted). Set-up runs first (simulator, baselines, groups, settings);
-from the time its simulations took, the work after the search is estimated (SFB's
-candidates, the final, one-device and uncalibrated runs) and held back. MCTS gets most of
+from the time its simulations took, the work after the search is estimated (the final,
+one-device and uncalibrated runs, the plan without SFB) and held back, with a share of the
+budget for SFB's MILPs and trials (`SFB_SHARE`). MCTS gets most of
 what is left; the estimate is then updated from the search's own simulations, which cost
 more than the set-up's on large clusters, and the MCMC comparison gets what remains. SFB
-then solves and tries while more than the final runs' time is left (plan/sfb_step.py), and
+then solves and tries, one trial at a time, while more than the final runs' time is left
+(plan/sfb_step.py), and
 incumbents scored before the search (the best uniform plan) stop where the held-back time
 begins. A set-up that overruns leaves the search no time, and the plan is the best incumbent
 (the all-machines default at least). With an iterations budget nothing is cut short.
@@ -21,9 +23,14 @@ from dataclasses import dataclass
 from tag_core.search.mcts import Budget
 
 SEARCH_SHARE = 0.75  # of the time after set-up and the held-back work; MCMC gets the rest
-# Simulations after the search, at most: an SFB solve and its run for each of up to nine
-# candidates, then the final, one-device and uncalibrated runs.
+# Simulations after the search, besides SFB's share: the plan without SFB, a few trials, the final,
+# one-device and uncalibrated runs.
 SIMULATIONS_AFTER_SEARCH = 21
+# Of a seconds budget, held back for SFB's MILPs and trials on its candidates (sfb_step.py). An
+# estimate from the simulations alone left 0.6 s of 60 on 8192 GPUs, where simulations take 10 ms:
+# the MILPs then ran, but not one trial, and vgg19's plan there (the default with factors broadcast,
+# x2.04 over DP-NCCL) was never reached.
+SFB_SHARE = 0.05
 # Of those, the runs after SFB (final, one per GPU type and the one-device run, uncalibrated): SFB stops
 # solving and trying when only their time is left.
 FINAL_SIMULATIONS = 6
@@ -36,10 +43,13 @@ class Deadline:
     # The slowest simulation seen: a loop checks its clock before each simulation, so it may end this much late
     # (a PS plan over 200 machines of an 18k-op graph simulates in seconds where most take a tenth).
     slowest_s: float = 0.0
+    sfb_s: float = 0.0  # held back for SFB
 
     @classmethod
-    def starting_now(cls, budget: Budget) -> Deadline:
-        return cls(None if budget.seconds is None else time.perf_counter() + budget.seconds)
+    def starting_now(cls, budget: Budget, sfb: bool = True) -> Deadline:
+        if budget.seconds is None:
+            return cls(None)
+        return cls(time.perf_counter() + budget.seconds, sfb_s=SFB_SHARE * budget.seconds if sfb else 0.0)
 
     def left_s(self) -> float:
         return math.inf if self.at is None else max(self.at - time.perf_counter(), 0.0)
@@ -51,7 +61,7 @@ class Deadline:
     def reserve_s(self) -> float:
         # The plan chosen may be the slowest to simulate, and is simulated twice more (SFB's run without SFB,
         # the final run): at 8192 GPUs a 635-slot plan takes 7 s where the average is 1.2 s.
-        return SIMULATIONS_AFTER_SEARCH * self.seconds_per_simulation + 2 * self.slowest_s
+        return SIMULATIONS_AFTER_SEARCH * self.seconds_per_simulation + 2 * self.slowest_s + self.sfb_s
 
     def hold_back(self, seconds_per_simulation: float) -> None:
         """Keep time for the work after the search, at the measured cost of a simulation."""
@@ -65,12 +75,9 @@ class Deadline:
         """SFB may solve another MILP: more than the final runs' time is left."""
         return self.at is None or self.left_s() > self._final_s
 
-    def sfb_simulations_left(self) -> int:
-        """Simulations SFB's trials may still run before only the final runs' time is left."""
-        trial = max(self.seconds_per_simulation, self.slowest_s)  # a trial is the chosen plan, with SFB
-        if self.at is None or trial <= 0:
-            return 1 << 30
-        return max(int((self.left_s() - self._final_s) / trial), 0)
+    def sfb_trial_fits(self, trial_s: float) -> bool:
+        """SFB may run one more trial of `trial_s` seconds and still leave the final runs their time."""
+        return self.at is None or self.left_s() > self._final_s + trial_s
 
     @property
     def _final_s(self) -> float:

@@ -235,7 +235,7 @@ def plan(
     """
     budget = budget or Budget(iterations=DEFAULT_ITERATIONS)
     start = time.perf_counter()
-    deadline = Deadline.starting_now(budget)
+    deadline = Deadline.starting_now(budget, sfb)
     with spinner("set-up: simulator, baselines, op groups and settings", show_progress):
         compute = FusedComputeModel(graph, profiles, fusion) if fusion is not None else None
         sim = Simulator(graph, topology, profiles, batch_size=batch_size, compute=compute, comm=comm)

@@ -3,9 +3,9 @@
 
 `sfb.milp.decide` solves one MILP per synchronised gradient and `apply_sfb` simulates one trial per
 gradient the MILPs chose: on 8192 GPUs that was minutes, after the budget had run out. Here the MILPs
-are solved one at a time until the deadline leaves only the final runs' time, and the trials are capped
-at the simulations that time still pays for (the largest estimated savings first, as `apply_sfb`
-orders them). The search's plan is always a candidate, so a plan past its deadline still reports SFB
+are solved one at a time until the deadline leaves only the final runs' time, and each trial (the
+largest estimated savings first) runs only while one more simulation as long as the plan's without SFB
+still fits. The search's plan is always a candidate, so a plan past its deadline still reports SFB
 (with the gradients it had time to decide).
 """
 
@@ -20,7 +20,6 @@ from tag_core.search.grouping import OpGroups
 from tag_core.search.mcts import Evaluator
 from tag_core.sfb.milp import Decision, SfbResult, apply_sfb, decide
 from tag_core.simulate.simulator import Simulator
-from tag_core.simulate.strategy import Strategy
 
 from .deadline import Deadline
 
@@ -66,18 +65,8 @@ def sfb_candidates(sim: Simulator, groups: OpGroups, candidates: Iterable[tuple[
         key = replace(strategy, fusion_bytes=0, overlap=True).key()  # the placement alone
         if key not in solved:
             solved[key] = decide(sim, strategy, time_limit_s, keep_going=deadline.sfb_time_left)
-        result = apply_within(sim, strategy, time_limit_s, solved[key], deadline)
+        result = apply_sfb(sim, strategy, time_limit_s, decisions=solved[key], keep_going=deadline.sfb_trial_fits)
         if best is None or (result.oom, result.time_with_s) < (best[2].oom, best[2].time_with_s):
             best = (actions, s, result, what)
     return best
 
-
-def apply_within(sim: Simulator, strategy: Strategy, time_limit_s: float, decisions: list[Decision],
-                 deadline: Deadline) -> SfbResult:
-    """`apply_sfb` with at most as many trial simulations as the deadline pays for (one, the plan without
-    SFB, at least); the result lists every decision."""
-    trials = sorted((d for d in decisions if d.status == "sfb"), key=lambda d: -d.saving_s)
-    affordable = deadline.sfb_simulations_left()
-    tried = [d for d in decisions if d.status != "sfb"] + trials[:max(affordable - 1, 0)]
-    result = apply_sfb(sim, strategy, time_limit_s, decisions=tried)
-    return replace(result, decisions=decisions)

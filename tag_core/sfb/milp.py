@@ -159,18 +159,24 @@ def decide(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_TIM
 
 def apply_sfb(sim: Simulator, strategy: Strategy, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
               depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS,
-              decisions: list[Decision] | None = None) -> SfbResult:
+              decisions: list[Decision] | None = None,
+              keep_going: Callable[[float], bool] | None = None) -> SfbResult:
     """Decide SFB per gradient (unless `decisions` for the same placement are given), then keep each
     chosen gradient (largest estimated saving first) only if the simulated step gets faster with it:
-    the per-gradient costs ignore contention."""
+    the per-gradient costs ignore contention. Before each trial, `keep_going(seconds)` (a planner's
+    deadline) is asked whether one more simulation, as long as the plan's without SFB, still fits."""
     base = replace(strategy, sfb={})
     if decisions is None:
         decisions = decide(sim, base, time_limit_s, depth, max_ops)
+    clock = time.perf_counter()
     best = sim.run(base)
+    run_s = time.perf_counter() - clock
     without = best.iteration_time_s
     kept: dict[str, list[int]] = {}
     chosen = sorted((d for d in decisions if d.status == "sfb"), key=lambda d: -d.saving_s)
     for d in chosen:
+        if keep_going is not None and not keep_going(run_s):
+            break
         trial = replace(base, sfb={**kept, d.variable: d.duplicated})
         result = sim.run(trial)
         if result.iteration_time_s < best.iteration_time_s and (not result.oom or best.oom):
