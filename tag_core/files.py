@@ -22,6 +22,7 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
     if make_parents:
         if path.is_dir():
             raise TagInputError(where, f"{str(path)!r} is a directory; give a file name")
+        _not_special(path, where)
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # e.g. a file where a directory should be
@@ -50,7 +51,14 @@ def output_file(text: str | Path, argument: str) -> Path:
     _parent_exists(path, argument)
     if path.is_dir():
         raise TagInputError(argument, f"{str(path)!r} is a directory; give a file name")
+    _not_special(path, argument)
     return path
+
+
+def _not_special(path: Path, argument: str) -> None:
+    # The rename would replace a device, FIFO or socket (/dev/full, as root) with a plain file.
+    if path.exists() and not path.is_file():
+        raise TagInputError(argument, f"{str(path)!r} is not a regular file (a device, FIFO or socket); give a file name")
 
 
 def output_folder(text: str | Path, argument: str) -> Path:

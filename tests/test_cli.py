@@ -75,7 +75,7 @@ SLOW = pytest.mark.slow  # a user model file: `tag` in a subprocess imports TF
         (["capture", "nowhere/x.py:build"], "model: file 'nowhere/x.py' does not exist"),
         pytest.param(["capture", "{models}:raises"], "raised RuntimeError", marks=SLOW),
         pytest.param(["capture", "{models}:absent"], "has no function 'absent'", marks=SLOW),
-        (["capture", "mlp", "--batch-size", "0"], "--batch-size: must be a positive integer"),
+        (["capture", "mlp", "--batch-size", "0"], "--batch-size: must be an integer in [1, 2147483647]"),
         (["profile", "mlp", "--batch-sizes", "2,-1"], "--batch-sizes: must be comma-separated positive integers"),
         (["profile", "mlp", "--warmup", "-1"], "--warmup: must be a non-negative integer"),
         pytest.param(["profile", "{models}:raises"], "raised RuntimeError", marks=SLOW),

@@ -43,14 +43,20 @@ def non_negative_int32(text: str) -> int:
     return _number(text, int, lambda v: 0 <= v <= INT32_MAX, f"an integer in [0, {INT32_MAX}]")
 
 
-def positive_int_list(text: str) -> list[int]:
+def positive_int_list(text: str, most: int | None = None) -> list[int]:
+    what = "comma-separated positive integers" + (f" of at most {most}" if most is not None else "")
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    if not values or any(v <= 0 or (most is not None and v > most) for v in values):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return sorted(set(values))
+
+
+def positive_int32_list(text: str) -> list[int]:
+    """Batch sizes: stored in an INTEGER column, and TF's shapes are int32."""
+    return positive_int_list(text, INT32_MAX)
 
 
 def open_store(args, read_only: bool = False):

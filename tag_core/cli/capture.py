@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ._common import add_model_timeout, open_store, positive_int, print_json
+from ._common import add_model_timeout, open_store, positive_int32, print_json
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("capture", help="trace a model's training step into an OpGraph in DuckDB")
     parser.add_argument("model", help="zoo name (see `tag models`) or path/to/file.py:function")
-    parser.add_argument("--batch-size", type=positive_int, help="global batch size (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int32, help="global batch size (default: the model's)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_model_timeout(parser)
     parser.set_defaults(run=run)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ._common import add_model_timeout, open_store, positive_int, print_json
+from ._common import add_model_timeout, open_store, positive_int, positive_int32, print_json
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("fuse", help="plan FusionStitching-style fusion of memory-intensive ops")
     parser.add_argument("model", help="zoo name or path/to/file.py:function")
-    parser.add_argument("--batch-size", type=positive_int, help="global batch size (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int32, help="global batch size (default: the model's)")
     parser.add_argument("--gpu", default="V100-32GB", help="catalog GPU the plan is scored for (default V100-32GB)")
     parser.add_argument("--tune", action="store_true",
                         help="time every pattern for real and keep the winners, then keep those only if the whole "

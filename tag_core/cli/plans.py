@@ -16,10 +16,11 @@ def register(subparsers) -> None:
 def run_import(args) -> int:
     from tag_core import store
     from tag_core.files import input_file, read_json
-    from tag_core.plan.plan_file import check_plan_file
+    from tag_core.plan.plan_file import check_plan_file, check_stored_fields
 
     path = input_file(args.file, "FILE")
     plan = check_plan_file(read_json(path, args.file), args.file)  # checked before the store opens
+    check_stored_fields(plan, args.file)
     conn = open_store(args)
     try:
         if store.has_plan(conn, plan.plan_id):
@@ -30,3 +31,4 @@ def run_import(args) -> int:
         conn.close()
     print(f"stored plan {plan.plan_id}: {plan.data['model']} on {plan.data['topology']} from {args.file}")
     return 0
+

@@ -8,7 +8,7 @@ from ._common import (
     check_plan,
     communication,
     positive_float,
-    positive_int,
+    positive_int32,
     print_json,
 )
 
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     chosen.add_argument("--plan", metavar="PLAN_JSON", help="decide for this plan's strategy (its own SFB is ignored)")
     chosen.add_argument("--strategy", default="dp-nccl",
                         help="a baseline to decide for when there is no --plan (default dp-nccl)")
-    parser.add_argument("--batch-size", type=positive_int, help="global batch (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int32, help="global batch (default: the model's)")
     parser.add_argument("--time-limit", type=positive_float, default=5.0, metavar="S",
                         help="seconds per gradient's solve; past it the gradient keeps its sync (default 5)")
     parser.add_argument("--all", action="store_true", help="list every gradient considered, not only the chosen")

@@ -10,7 +10,7 @@ from ._common import (
     captured_with_profiles,
     check_plan,
     communication,
-    positive_int,
+    positive_int32,
     print_json,
 )
 
@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     parser.add_argument("--strategy", required=True,
                         help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for every op "
                              "(allreduce, ps, duplicate, model_parallel), or a strategy/plan .json file")
-    parser.add_argument("--batch-size", type=positive_int,
+    parser.add_argument("--batch-size", type=positive_int32,
                         help="global batch to simulate (default: the plan's, else the model's)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--timeline", metavar="FILE",

@@ -16,7 +16,13 @@ from typing import Any
 from tag_core.cluster.topology import Topology
 from tag_core.cluster.topology_json import parse_topology
 from tag_core.errors import TagInputError
+from tag_core.limits import INT32_MAX
 from tag_core.simulate.strategy import Strategy
+
+
+# Lineage fields that go into TEXT columns of `plans`; `tag report` and `tag lineage` print them.
+_LINEAGE_TEXT = ("graph_hash", "profile_hash", "groups_hash", "topology_hash", "checkpoint", "code_version",
+                 "warm_start_from", "calibration")
 
 
 @dataclass
@@ -85,3 +91,50 @@ def _carried_topology(data: dict[str, Any], where: str) -> Topology:
         raise TagInputError(f"{where}: topology", f"is {data['topology']!r}, but the carried snapshot is named "
                                                   f"{topology.name!r}")
     return topology
+
+
+def check_stored_fields(plan: PlanFile, where: str) -> None:
+    """What check_plan_file leaves to `tag plan`'s own output, but the store's columns and `tag report` read:
+    a hand-edited file must fail here, naming the field, not in DuckDB or in every later report."""
+    data = plan.data
+    batch = data.get("batch_size")
+    if not _is_int(batch) or not 0 < batch <= INT32_MAX:
+        raise TagInputError(f"{where}: batch_size", f"must be an integer in [1, {INT32_MAX}], got {batch!r}")
+    if not _is_int(data.get("groups")) or data["groups"] < 1:
+        raise TagInputError(f"{where}: groups", f"must be a positive integer (the op groups), got {data.get('groups')!r}")
+    for key in ("speedup_vs_dp_nccl", "ideal_time_s"):
+        _number_or_null(data.get(key), f"{where}: {key}")
+    for name, baseline in data["baselines"].items():
+        field = f"{where}: baselines.{name}"
+        if not isinstance(baseline, dict):
+            raise TagInputError(field, f"must be an object with iteration_time_s and oom, got {type(baseline).__name__}")
+        _number_or_null(baseline.get("iteration_time_s"), f"{field}.iteration_time_s")
+        if not isinstance(baseline.get("oom", False), bool):
+            raise TagInputError(f"{field}.oom", "must be true or false")
+    if data.get("calibration") is not None and not isinstance(data["calibration"], dict):
+        raise TagInputError(f"{where}: calibration", "must be an object or null")
+    lineage = data["lineage"]
+    for key in _LINEAGE_TEXT:
+        if lineage.get(key) is not None and not isinstance(lineage[key], str):
+            raise TagInputError(f"{where}: lineage.{key}", f"must be a string or null, got {type(lineage[key]).__name__}")
+    seed = lineage.get("seed")
+    if seed is not None and (not _is_int(seed) or not -INT32_MAX - 1 <= seed <= INT32_MAX):
+        raise TagInputError(f"{where}: lineage.seed", f"must be a 32-bit integer or null, got {seed!r}")
+    # The strategy must fit the snapshot the file carries (the graph is checked when the plan is used).
+    topology = plan.topology
+    try:
+        plan.strategy.check_machines([m.name for m in topology.machines], topology.name)
+        plan.strategy.validate(len(plan.strategy.op_groups), topology.num_machines, topology.num_devices)
+    except TagInputError as exc:
+        raise TagInputError(f"{where}: strategy: {exc.where}", exc.problem) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number_or_null(value: Any, where: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise TagInputError(where, f"must be a finite number >= 0 or null, got {value!r}")
