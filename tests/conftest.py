@@ -92,6 +92,22 @@ def tag_home(tmp_path, tmp_path_factory, monkeypatch):
     return home
 
 
+@pytest.fixture(scope="module")
+def plan_data():
+    """A small plan's JSON, as `tag plan --out` writes it (two machines, four devices)."""
+    import json
+
+    from simgraphs import profiles, topology, train_graph
+
+    from tag_core.plan import plan
+    from tag_core.search import Budget
+
+    g = train_graph(layers=2)
+    topo = topology(("fast", "V100-32GB", 2, 100.0), ("slow", "T4", 2, 50.0), inter_gbps=10.0)
+    data = plan(g, topo, profiles(g, "cpu"), num_groups=3, budget=Budget(iterations=5), sfb=False).to_dict()
+    return json.loads(json.dumps(data))
+
+
 @pytest.fixture
 def user_model_file(tmp_path):
     """A user model file with several builders: a plain keras.Model, a ModelSpec, and broken ones."""

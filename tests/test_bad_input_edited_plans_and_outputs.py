@@ -12,11 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-from simgraphs import profiles, topology, train_graph
 
 from tag_core.cli import main
-from tag_core.plan import plan
-from tag_core.search import Budget
 
 TESTBED = str(Path(__file__).parents[1] / "examples" / "topologies" / "testbed.json")
 
@@ -26,14 +23,6 @@ def error_of(capsys, where: str) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"tag: error: {where}: "), err
     return err
-
-
-@pytest.fixture(scope="module")
-def plan_data():
-    g = train_graph(layers=2)
-    topo = topology(("fast", "V100-32GB", 2, 100.0), ("slow", "T4", 2, 50.0), inter_gbps=10.0)
-    data = plan(g, topo, profiles(g, "cpu"), num_groups=3, budget=Budget(iterations=5), sfb=False).to_dict()
-    return json.loads(json.dumps(data))
 
 
 def _edited(data: dict, edit) -> dict:

@@ -7,20 +7,9 @@ import json
 
 import duckdb
 import pytest
-from simgraphs import profiles, topology, train_graph
 
 from tag_core.cli import main
-from tag_core.plan import plan
 from tag_core.plan.plan_file import check_plan_file
-from tag_core.search import Budget
-
-
-@pytest.fixture(scope="module")
-def plan_data():
-    g = train_graph(layers=2)
-    topo = topology(("fast", "V100-32GB", 2, 100.0), ("slow", "T4", 2, 50.0), inter_gbps=10.0)
-    data = plan(g, topo, profiles(g, "cpu"), num_groups=3, budget=Budget(iterations=5), sfb=False).to_dict()
-    return json.loads(json.dumps(data))
 
 
 def test_a_plan_carries_the_snapshot_it_was_made_for(plan_data):
