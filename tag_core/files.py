@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tag_core.errors import TagInputError
 
@@ -41,6 +43,24 @@ def write_atomically(path: str | Path, data: bytes | str, make_parents: bool = T
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def staged_folder(folder: str | Path) -> Iterator[Path]:
+    """A temporary folder beside `folder` to write into. When the block ends well, each file moves into
+    `folder` (a rename each, files in subfolders first, so an index never links to a page not yet there);
+    when it fails, nothing of it reaches `folder` (a report of many pages is never half-written)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        yield staging
+        files = [p.relative_to(staging) for p in staging.rglob("*") if p.is_file()]
+        for relative in sorted(files, key=lambda r: (-len(r.parts), str(r))):
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / relative, folder / relative)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def output_file(text: str | Path, argument: str) -> Path:

@@ -85,3 +85,26 @@ def test_retired_topologies_leave_the_current_plans(planned):
     assert store.plan_lineage(conn, MODEL, "two-boxes").topology_retired_at.notna().all()
     store.reinstate_topology(conn, "two-boxes")
     assert len(store.current_plans(conn)) == 1
+
+
+def test_a_plan_that_cannot_be_drawn_leaves_the_last_report_as_it_was(planned, tmp_path, capsys):
+    """A report is many files: when one page fails (here a hand-stored plan whose SFB names a variable the
+    graph lacks, drawn after the good plan's page), no file of the new report reaches the folder."""
+    out = tmp_path / "report"
+    assert main(["report", "--out", str(out)]) == 0
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
+    conn = store.connect()
+    broken = json.loads(store.current_plans(conn).plan.iloc[0])
+    broken["strategy"] = {**broken["strategy"], "sfb": {"no_such_variable": [0]}}
+    broken["topology"] = "two-boxes-zz"  # its page comes after the good one
+    store.save_plan(conn, "broken0000000000", broken, source="test")
+    conn.close()
+    capsys.readouterr()
+    for folder in (out, tmp_path / "fresh"):
+        assert main(["report", "--out", str(folder)]) == 2
+        assert "no_such_variable" in capsys.readouterr().err
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files} == before  # not even rewritten
+    assert sorted(p for p in out.rglob("*") if p.is_file()) == files
+    assert not (tmp_path / "fresh").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left beside them

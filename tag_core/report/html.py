@@ -15,7 +15,7 @@ import pandas as pd
 from tag_core import store
 from tag_core.capture.steps import load_op_graph
 from tag_core.cluster.topology_json import parse_topology
-from tag_core.files import write_atomically
+from tag_core.files import staged_folder, write_atomically
 from tag_core.runtime.measure import step_error
 
 from .labels import page_stem
@@ -103,8 +103,15 @@ def write_plan_page(folder: Path, facts: PageFacts, pictures: PlanPictures | Non
 
 
 def build_report(conn, out_dir: str | Path) -> Path:
-    """Write `index.html`, `speedup.png` and a page per current plan under `plans/`; returns the index's path."""
+    """Write `index.html`, `speedup.png` and a page per current plan under `plans/`; returns the index's path.
+    Nothing reaches `out_dir` unless every page was made."""
     out_dir = Path(out_dir)
+    with staged_folder(out_dir) as staging:
+        _write_report(conn, staging)
+    return out_dir / "index.html"
+
+
+def _write_report(conn, out_dir: Path) -> None:
     rows = plan_table_rows(store.current_plans(conn))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>TAG plans</title><style>{STYLE}</style>",
              "</head><body><h1>TAG plans</h1>"]
@@ -130,9 +137,7 @@ def build_report(conn, out_dir: str | Path) -> Path:
                      "chart.</figcaption></figure>")
     parts += measured_section(store.load_measured_steps(conn))
     parts.append("</body></html>")
-    path = out_dir / "index.html"
-    write_atomically(path, "\n".join(parts))
-    return path
+    write_atomically(out_dir / "index.html", "\n".join(parts))
 
 
 def _pictures(conn, row: dict) -> PlanPictures | None:
