@@ -8,9 +8,8 @@ budget for SFB's MILPs and trials (`SFB_SHARE`). MCTS gets most of
 what is left; the estimate is then updated from the search's own simulations, which cost
 more than the set-up's on large clusters, and the MCMC comparison gets what remains. SFB
 then solves and tries, one trial at a time, while more than the final runs' time is left
-(plan/sfb_step.py), and
-incumbents scored before the search (the best uniform plan) stop where the held-back time
-begins. A set-up that overruns leaves the search no time, and the plan is the best incumbent
+(plan/sfb_step.py), and incumbents scored before the search (the best uniform plan) stop
+where the held-back time begins. A set-up that overruns leaves the search no time, and the plan is the best incumbent
 (the all-machines default at least). With an iterations budget nothing is cut short.
 """
 
@@ -26,14 +25,14 @@ SEARCH_SHARE = 0.75  # of the time after set-up and the held-back work; MCMC get
 # Simulations after the search, besides SFB's share: the plan without SFB, a few trials, the final,
 # one-device and uncalibrated runs.
 SIMULATIONS_AFTER_SEARCH = 21
+# Of those, the runs after SFB (final, one per GPU type and the one-device run, uncalibrated): SFB stops
+# solving and trying when only their time is left.
+FINAL_SIMULATIONS = 6
 # Of a seconds budget, held back for SFB's MILPs and trials on its candidates (sfb_step.py). An
 # estimate from the simulations alone left 0.6 s of 60 on 8192 GPUs, where simulations take 10 ms:
 # the MILPs then ran, but not one trial, and vgg19's plan there (the default with factors broadcast,
 # x2.04 over DP-NCCL) was never reached.
 SFB_SHARE = 0.05
-# Of those, the runs after SFB (final, one per GPU type and the one-device run, uncalibrated): SFB stops
-# solving and trying when only their time is left.
-FINAL_SIMULATIONS = 6
 
 
 @dataclass
