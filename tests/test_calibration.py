@@ -445,7 +445,9 @@ def test_listening_sockets_of_a_local_cluster(capsys):
 @pytest.mark.timeout(600)
 def test_a_real_calibration_on_two_local_servers(tag_home, tmp_path, capsys):
     out = tmp_path / "local.json"
-    assert main(["calibrate", "--local", "2", "--out", str(out), "--sizes", "4K,256K,4M", "--repeats", "3",
+    # Five repeats: the client's feed is fitted from two sizes, and with three a busy machine's noise could leave
+    # no growth with size to fit (the optional link is then left out).
+    assert main(["calibrate", "--local", "2", "--out", str(out), "--sizes", "4K,256K,4M", "--repeats", "5",
                  "--warmup", "1", "--quiet", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     topology = load_topology(out)
@@ -464,7 +466,7 @@ def test_a_real_calibration_on_two_local_servers(tag_home, tmp_path, capsys):
     assert overheads["busy_send_s"] >= 0  # measured: a tensor sent to a waiting task, its sender idle or computing
     assert {(m["kind"], m["bytes"]) for m in summary["measured"]} >= {("p2p", 4096), ("p2p", 4 * 2**20), ("op", None)}
     assert {m["bytes"] for m in summary["measured"] if m.get("link") == "client"} == {256 * 2**10, 4 * 2**20}
-    assert all(m["runs"] == (9 if m["kind"] in (*OVERLAP_KINDS, *SEND_KINDS) else 3) for m in summary["measured"])
+    assert all(m["runs"] == (15 if m["kind"] in (*OVERLAP_KINDS, *SEND_KINDS) else 5) for m in summary["measured"])
     conn = store.connect(tag_home / "tag.duckdb", read_only=True)
     stored = load_from_store(conn, topology="local-2")
     conn.close()
