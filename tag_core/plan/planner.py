@@ -68,6 +68,7 @@ from tag_core.sfb.milp import DEFAULT_TIME_LIMIT_S
 from tag_core.simulate.batch_rows import balanced_shares, split_batch
 from tag_core.simulate.comm import CommModel
 from tag_core.simulate.simulator import Simulator
+from tag_core.simulate.stopwatch import Stopwatch
 from tag_core.simulate.strategy import OPTIONS, Strategy
 
 from .deadline import Deadline
@@ -247,9 +248,9 @@ def plan(
         speed = device_speed(sim)
         space = ActionSpace.build(sim, speed)
         warm = warm_start_actions(warm_start, graph, topology, groups, space) if warm_start is not None else None
-        settings_start = time.perf_counter()
+        settings_watch = Stopwatch()  # numba's first compiling is no simulation's cost
         ev, setup_sims, default, settings = _settings(sim, groups, space, speed, deadline)
-        deadline.hold_back((time.perf_counter() - settings_start) / max(setup_sims + ev.simulations, 1))
+        deadline.hold_back(settings_watch.seconds() / max(setup_sims + ev.simulations, 1))
     baseline_s = dp.iteration_time_s if not dp.oom else ev.score(np.full(groups.num_groups, default)).time_s
     cfg = MctsConfig(default=-1 if default == space.all_machines else default)
     search = Mcts(ev, baseline_s, dp.iteration_time_s, seed=seed, prior=prior, config=cfg)
@@ -261,11 +262,12 @@ def plan(
     if warm is not None:
         search.seed_path(warm)
     search_budget = deadline.search_budget(budget)
-    searched_from = ev.simulations
+    searched_from, search_watch = ev.simulations, Stopwatch()
     with search_progress(f"plan {graph.model}", search_budget, show_progress) as bar:
         tag = search.run(search_budget, progress=bar)
     if ev.simulations > searched_from:  # the search's plans are dearer to simulate than the set-up's uniform ones
-        deadline.hold_back(max(deadline.seconds_per_simulation, tag.wall_s / (ev.simulations - searched_from)))
+        per_simulation = search_watch.seconds() / (ev.simulations - searched_from)
+        deadline.hold_back(max(deadline.seconds_per_simulation, per_simulation))
     tag.simulations += setup_sims
     deadline.slowest_s = ev.slowest_s
     mcmc_ev = Evaluator(sim, groups, space, ev.shares, ev.fusion_bytes, ev.overlap, speed=speed)
