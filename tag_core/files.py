@@ -78,7 +78,8 @@ def output_file(text: str | Path, argument: str) -> Path:
 def _not_special(path: Path, argument: str) -> None:
     # The rename would replace a device, FIFO or socket (/dev/full, as root) with a plain file.
     if path.exists() and not path.is_file():
-        raise TagInputError(argument, f"{str(path)!r} is not a regular file (a device, FIFO or socket); give a file name")
+        raise TagInputError(argument,
+                            f"{str(path)!r} is not a regular file (a device, FIFO or socket); give a file name")
 
 
 def output_folder(text: str | Path, argument: str) -> Path:

@@ -19,7 +19,8 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, help="folder to write (must not exist unless --force)")
     parser.add_argument("--device-kind", choices=("gpu", "cpu"), default="gpu",
                         help="GPU devices (a real cluster) or logical CPU devices (to run here); default gpu")
-    parser.add_argument("--batch-size", type=positive_int32, help="global batch (default: the plan's, else the model's)")
+    parser.add_argument("--batch-size", type=positive_int32,
+                        help="global batch (default: the plan's, else the model's)")
     parser.add_argument("--fusion", nargs="?", const="stored", metavar="FUSION_JSON",
                         help="mark TAG's fusion plan in the emitted graph: each copy of each fused pattern becomes "
                              "one XLA cluster, each region on a device one must-compile call. Alone: the stored "

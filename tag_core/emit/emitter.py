@@ -224,7 +224,8 @@ def plan_topology(plan: dict[str, Any], topology: Topology | None) -> Topology:
     if isinstance(embedded, dict):
         return parse_topology(embedded, "plan topology")
     if embedded is None:  # a bare strategy file names no topology at all
-        raise TagInputError("--topology", "the plan names no topology and carries no snapshot; pass one with --topology")
+        raise TagInputError("--topology",
+                            "the plan names no topology and carries no snapshot; pass one with --topology")
     raise TagInputError("--topology", f"the plan names topology {embedded!r} but does not include it; "
                                       f"pass its snapshot with --topology")
 

@@ -101,13 +101,15 @@ def check_stored_fields(plan: PlanFile, where: str) -> None:
     if not _is_int(batch) or not 0 < batch <= INT32_MAX:
         raise TagInputError(f"{where}: batch_size", f"must be an integer in [1, {INT32_MAX}], got {batch!r}")
     if not _is_int(data.get("groups")) or data["groups"] < 1:
-        raise TagInputError(f"{where}: groups", f"must be a positive integer (the op groups), got {data.get('groups')!r}")
+        raise TagInputError(f"{where}: groups",
+                            f"must be a positive integer (the op groups), got {data.get('groups')!r}")
     for key in ("speedup_vs_dp_nccl", "ideal_time_s"):
         _number_or_null(data.get(key), f"{where}: {key}")
     for name, baseline in data["baselines"].items():
         field = f"{where}: baselines.{name}"
         if not isinstance(baseline, dict):
-            raise TagInputError(field, f"must be an object with iteration_time_s and oom, got {type(baseline).__name__}")
+            raise TagInputError(field,
+                                f"must be an object with iteration_time_s and oom, got {type(baseline).__name__}")
         _number_or_null(baseline.get("iteration_time_s"), f"{field}.iteration_time_s")
         if not isinstance(baseline.get("oom", False), bool):
             raise TagInputError(f"{field}.oom", "must be true or false")
@@ -116,7 +118,8 @@ def check_stored_fields(plan: PlanFile, where: str) -> None:
     lineage = data["lineage"]
     for key in _LINEAGE_TEXT:
         if lineage.get(key) is not None and not isinstance(lineage[key], str):
-            raise TagInputError(f"{where}: lineage.{key}", f"must be a string or null, got {type(lineage[key]).__name__}")
+            raise TagInputError(f"{where}: lineage.{key}",
+                                f"must be a string or null, got {type(lineage[key]).__name__}")
     seed = lineage.get("seed")
     if seed is not None and (not _is_int(seed) or not -INT32_MAX - 1 <= seed <= INT32_MAX):
         raise TagInputError(f"{where}: lineage.seed", f"must be a 32-bit integer or null, got {seed!r}")
