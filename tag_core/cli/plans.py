@@ -31,4 +31,3 @@ def run_import(args) -> int:
         conn.close()
     print(f"stored plan {plan.plan_id}: {plan.data['model']} on {plan.data['topology']} from {args.file}")
     return 0
-

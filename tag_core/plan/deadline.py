@@ -9,8 +9,9 @@ what is left; the estimate is then updated from the search's own simulations, wh
 more than the set-up's on large clusters, and the MCMC comparison gets what remains. SFB
 then solves and tries, one trial at a time, while more than the final runs' time is left
 (plan/sfb_step.py), and incumbents scored before the search (the best uniform plan) stop
-where the held-back time begins. A set-up that overruns leaves the search no time, and the plan is the best incumbent
-(the all-machines default at least). With an iterations budget nothing is cut short.
+where the held-back time begins. A set-up that overruns leaves the search no time, and the
+plan is the best incumbent (the all-machines default at least). With an iterations budget
+nothing is cut short.
 """
 
 from __future__ import annotations

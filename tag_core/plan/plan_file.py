@@ -65,8 +65,12 @@ def check_plan_file(data: Any, where: str) -> PlanFile:
 
 
 def _time(value: Any, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+    if not _non_negative_number(value):
         raise TagInputError(where, f"must be a finite number of seconds >= 0, got {value!r}")
+
+
+def _non_negative_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
 def _carried_topology(data: dict[str, Any], where: str) -> Topology:
@@ -137,7 +141,5 @@ def _is_int(value: Any) -> bool:
 
 
 def _number_or_null(value: Any, where: str) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+    if value is not None and not _non_negative_number(value):
         raise TagInputError(where, f"must be a finite number >= 0 or null, got {value!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 from numba.core import event
 
@@ -52,12 +53,13 @@ def compile_seconds() -> float:
 
 
 class Stopwatch:
-    """Wall seconds since it was made, less what numba spent compiling meanwhile."""
+    """Wall seconds since it was made (by `clock`), less what numba spent compiling meanwhile."""
 
-    def __init__(self) -> None:
-        self._wall = time.perf_counter()
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._wall = clock()
         self._compiling = compile_seconds()
 
     def seconds(self) -> float:
         compiled = compile_seconds() - self._compiling
-        return max(time.perf_counter() - self._wall - compiled, 0.0)
+        return max(self._clock() - self._wall - compiled, 0.0)
