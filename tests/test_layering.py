@@ -30,6 +30,7 @@ LAYERS = [
     ("plan",),
     ("gnn", "emit"),
     ("runtime",),
+    ("train",),
     ("report",),
     ("cli",),
 ]

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tag_core.errors import TagInputError
 
@@ -111,7 +111,7 @@ def _check_folder(folder: Path, check: bool) -> dict:
     return plan
 
 
-def _check_cluster(path: Path, tasks: int) -> None:
+def check_cluster(path: Path, tasks: int) -> None:
     """A cluster.json as `tag emit` writes it: {"cluster": {"worker": [one "host:port" per task]}}."""
     if not path.is_file():
         raise TagInputError("--cluster", f"{path} does not exist")
@@ -173,11 +173,10 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
     plan = _check_folder(folder, check)
     meta = plan["emission"]
     if cluster is not None:
-        _check_cluster(Path(cluster), len(meta["tasks"]))
+        check_cluster(Path(cluster), len(meta["tasks"]))
         if not 0 <= task_index < len(meta["tasks"]):
             raise TagInputError("--task-index", f"must lie in [0, {len(meta['tasks'])}) for this graph")
     mode = server_mode(meta, servers, cluster)
-    echo = echo or (lambda line: None)
     command = [sys.executable, "-m", "tag_core.runtime.worker", str(folder), "--steps", str(steps),
                "--timeout", str(timeout), "--warmup", str(warmup), "--warmup-seconds", str(warmup_s)]
     if check:
@@ -186,16 +185,31 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
         command.append("--rewrites-off")
     if cluster is not None:
         command += ["--cluster", str(cluster), "--task-index", str(task_index)]
-    if mode == "pinned":
-        return _run_pinned(command, meta, timeout, echo)
     serving = cluster is not None and task_index != 0  # serves until stopped: no deadline
-    deadline = None if serving else time.monotonic() + timeout + STARTUP_S
+    return run_child(command, meta, mode, echo, None if serving else timeout + STARTUP_S, timeout)
+
+
+Handler = Callable[[dict, RunResult], list[str]]
+
+
+def run_child(command: list[str], meta: dict, mode: str, echo: Callable[[str], None] | None,
+              limit_s: float | None, timeout: float, handle: Handler | None = None,
+              silence_s: float | None = None) -> RunResult:
+    """Run a client child (`command`, a module of this package that reports JSON events on stdout) against the
+    tasks of `meta` served as `mode` says ("pinned", "shared" or "cluster"), and turn its events into lines with
+    `handle` (default `describe`). It is killed after `limit_s` seconds (None: never) or `silence_s` seconds
+    without a line from it; `timeout` is what the messages quote."""
+    echo = echo or (lambda line: None)
+    handle = handle or describe
+    if mode == "pinned":
+        return _run_pinned(command, meta, timeout, echo, limit_s, handle, silence_s)
+    deadline = None if limit_s is None else time.monotonic() + limit_s
     if mode == "cluster":  # a real cluster's tasks reach each other between machines: no namespace can hold them
-        result = _supervise(command, meta, deadline, timeout, echo)
+        result = _supervise(command, meta, deadline, timeout, echo, handle, silence_s)
     else:  # shared: the worker's in-process servers and its session, in a namespace with only lo up
         try:
             with loopback_namespace():
-                result = _supervise(command, meta, deadline, timeout, echo)
+                result = _supervise(command, meta, deadline, timeout, echo, handle, silence_s)
         except NamespaceRefused as exc:
             result = RunResult(ok=False, error=f"the local TF servers did not start: {exc}")
             result.lines.append(result.error)
@@ -204,8 +218,9 @@ def run_emitted(folder: str | Path, steps: int = 3, check: bool = False, timeout
     return result
 
 
-def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[str], None]) -> RunResult:
-    """The worker as a client of one pinned server process per task; every process is gone on return."""
+def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[str], None],
+                limit_s: float | None, handle: Handler, silence_s: float | None) -> RunResult:
+    """The client as a client of one pinned server process per task; every process is gone on return."""
     from .local_cluster import ServerStartError, local_cluster
 
     tasks = len(meta["tasks"])
@@ -216,8 +231,9 @@ def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[
             if cluster.isolated:
                 line += f"; {LOOPBACK_WHERE}"
             echo(line)
-            result = _supervise(command + cluster.client_args(), meta,
-                                time.monotonic() + timeout + STARTUP_S, timeout, echo)
+            deadline = None if limit_s is None else time.monotonic() + limit_s
+            result = _supervise(command + cluster.client_args(), meta, deadline, timeout, echo, handle, silence_s,
+                                servers=cluster.servers)
             result.lines.insert(0, line)
             result.server_pids = cluster.pids
             result.server_cores = [s.core for s in cluster.servers]
@@ -230,7 +246,8 @@ def _run_pinned(command: list[str], meta: dict, timeout: float, echo: Callable[[
 
 
 def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: float,
-               echo: Callable[[str], None]) -> RunResult:
+               echo: Callable[[str], None], handle: Handler | None = None, silence_s: float | None = None,
+               servers: Sequence = ()) -> RunResult:
     # The worker never uses Keras. TensorFlow imports all of Keras at start-up (and matplotlib with it) unless
     # told to use the legacy tf_keras package, which it then skips when absent: 2 of 6 s and 80 MB per run.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1",
@@ -244,18 +261,27 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
     threading.Thread(target=_pump, args=(child.stdout, events.put), daemon=True).start()
     threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
     result = RunResult(ok=False)
+    handle = handle or describe
     stage = "starting"
+    heard = time.monotonic()
     try:
         while True:
-            wait = None if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            wait = None if deadline is None else deadline - now
             if wait is not None and wait <= 0:
                 _kill(child)
                 result.error = _hang_message(stage, timeout, meta)
                 break
+            if silence_s is not None and now - heard > silence_s:
+                _kill(child)
+                result.error = f"{stage}: no word from the client for {silence_s:g} s; the run was stopped" + \
+                    _gone_tasks(servers)
+                break
             try:
-                line = events.get(timeout=None if wait is None else min(wait, 1.0))
+                line = events.get(timeout=1.0 if wait is None else min(wait, 1.0))
             except queue.Empty:
                 continue
+            heard = time.monotonic()
             if line is None:  # the child closed its output
                 child.wait()
                 break
@@ -265,7 +291,9 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
             if event["event"] == "input_error":  # a file of the folder is unreadable: the user's input
                 raise TagInputError(event["where"], event["message"])
             stage = _stage_after(event, stage)
-            for text in describe(event, result):
+            if event["event"] == "error" and servers:
+                event["gone"] = _gone_tasks(servers)
+            for text in handle(event, result):
                 result.lines.append(text)
                 echo(text)
     finally:
@@ -278,6 +306,22 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
         echo(result.error)
     result.ok = result.error is None and child.returncode == 0
     return result
+
+
+def _gone_tasks(servers: Sequence) -> str:
+    """"; task K (process P) is gone" for each local server process that is no longer running."""
+    gone = []
+    for server in servers:
+        try:
+            os.kill(server.pid, 0)
+            with open(f"/proc/{server.pid}/stat") as stat:  # a zombie has exited too
+                if stat.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    gone.append(server)
+        except (ProcessLookupError, FileNotFoundError):
+            gone.append(server)
+        except PermissionError:
+            pass
+    return "".join(f"; task {s.task} (process {s.pid}, {s.address}) is gone" for s in gone)
 
 
 def _pump(stream, put: Callable[[Any], None]) -> None:
@@ -378,7 +422,7 @@ def describe(event: dict, result: RunResult) -> list[str]:
 
 
 def _error_message(event: dict) -> str:
-    message = f"{event['stage']} failed: {event['kind']}: {event['message']}"
+    message = f"{event['stage']} failed: {event['kind']}: {event['message']}{event.get('gone') or ''}"
     waiting = event.get("waiting") or []
     if waiting:
         message += "\n" + "\n".join(

@@ -161,6 +161,39 @@ def _headline(message: str) -> str:
     return (useful or lines or [""])[0][:500]
 
 
+def connect_tasks(args, meta: dict) -> tuple[str, list, bool] | None:
+    """(session target, the servers this process holds, whether GPU devices run as CPU) for the tasks of `meta`:
+    pinned servers already running (--target), this machine's task of a real cluster (--cluster; a task other
+    than 0 serves here until stopped and None is returned), or in-process local servers. See
+    `add_task_arguments`."""
+    import tensorflow as tf
+
+    if args.target:  # pinned mode: the tasks serve in processes of their own (tag_core.runtime.local_cluster)
+        return session_target(args.target, args.client_cluster), [], meta["device_kind"] == "gpu"
+    if args.cluster:
+        cluster = json.loads(Path(args.cluster).read_text())["cluster"]
+        cpus = meta["tasks"][args.task_index] if meta["device_kind"] == "cpu" else None
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=args.task_index,
+                                      config=_config(cpus=cpus, soft=True), start=True)
+        if args.task_index != 0:
+            report("serving", task=args.task_index, target=server.target, pid=os.getpid())
+            server.join()
+            return None
+        return server.target, [server], False
+    addresses = [f"127.0.0.1:{_free_port()}" for _ in meta["tasks"]]
+    spec = tf.train.ClusterSpec({"worker": addresses})
+    servers = [tf.distribute.Server(spec, job_name="worker", task_index=k, config=_config(cpus=count), start=True)
+               for k, count in enumerate(meta["tasks"])]
+    return servers[0].target, servers, meta["device_kind"] == "gpu"
+
+
+def add_task_arguments(parser) -> None:
+    """Where the tasks are: --cluster/--task-index (a real cluster), --target (pinned servers), else local ones."""
+    parser.add_argument("--cluster")
+    parser.add_argument("--task-index", type=int, default=0)
+    add_target_arguments(parser, required=False)  # pinned mode: servers already running
+
+
 def run(args) -> int:
     import tensorflow as tf
 
@@ -172,36 +205,17 @@ def run(args) -> int:
     plan = json.loads((folder / "plan.json").read_text())
     meta = plan["emission"]
     deadline = time.monotonic() + args.timeout
-    servers = []
-    target = None
-    if args.target:  # pinned mode: the tasks serve in processes of their own (tag_core.runtime.local_cluster)
-        target = session_target(args.target, args.client_cluster)
-        on_cpu = meta["device_kind"] == "gpu"
-    elif args.cluster:
-        cluster = json.loads(Path(args.cluster).read_text())["cluster"]
-        cpus = meta["tasks"][args.task_index] if meta["device_kind"] == "cpu" else None
-        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=args.task_index,
-                                      config=_config(cpus=cpus, soft=True), start=True)
-        if args.task_index != 0:
-            report("serving", task=args.task_index, target=server.target, pid=os.getpid())
-            server.join()
-            return 0
-        servers.append(server)
-        on_cpu = False
-    else:
-        addresses = [f"127.0.0.1:{_free_port()}" for _ in meta["tasks"]]
-        spec = tf.train.ClusterSpec({"worker": addresses})
-        for k, count in enumerate(meta["tasks"]):
-            servers.append(tf.distribute.Server(spec, job_name="worker", task_index=k, config=_config(cpus=count),
-                                                start=True))
-        on_cpu = meta["device_kind"] == "gpu"
+    connected = connect_tasks(args, meta)
+    if connected is None:  # a task of a real cluster other than 0: it served until stopped
+        return 0
+    target, servers, on_cpu = connected
     graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu)
     values = initial_values(folder, meta)
     report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
            gpu_as_cpu=on_cpu, check=args.check, pinned=target is not None, warmup=args.warmup,
            warmup_seconds=args.warmup_seconds,
            loopback_only=loopback_only())
-    distributed = Distributed(graph_def, meta, target or servers[0].target, soft=bool(args.cluster),
+    distributed = Distributed(graph_def, meta, target, soft=bool(args.cluster),
                               rewrites=not args.rewrites_off)
     statistics = meta.get("batch_statistics") or {}
     skip = statistics.get("skip")
@@ -256,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--cluster")
-    parser.add_argument("--task-index", type=int, default=0)
-    add_target_arguments(parser, required=False)  # pinned mode: servers already running
+    add_task_arguments(parser)
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps before --steps")
     parser.add_argument("--warmup-seconds", type=float, default=0.0,
                         help=f"... and more, until this long has passed (at most {MAX_WARMUP_STEPS} steps in all)")

@@ -58,6 +58,7 @@ from .plans import (
 )
 from .profiles import PROFILE_COLUMNS, load_profiles, profile_set_hash, profile_summary, replace_profiles
 from .schema import SCHEMA, SCHEMA_VERSION
+from .training import TRAINING_COLUMNS, load_training_runs, save_training_run, trained_lineage
 
 __all__ = [
     "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
@@ -69,5 +70,5 @@ __all__ = [
     "load_profiles", "load_sfb_decisions", "op_graph_rows", "plan_lineage", "profile_set_hash", "profile_summary",
     "reinstate_topology", "replace_profiles", "retire_topology", "retired_topologies", "save_fusion_plan",
     "save_op_graph", "save_op_groups", "save_plan", "save_sfb_decisions", "save_topology_snapshot", "tag_home",
-    "transaction",
+    "transaction", "TRAINING_COLUMNS", "load_training_runs", "save_training_run", "trained_lineage",
 ]

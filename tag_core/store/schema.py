@@ -68,6 +68,14 @@ SCHEMA = [
         model TEXT NOT NULL, topology TEXT NOT NULL, strategy TEXT NOT NULL, plan_id TEXT, graph_hash TEXT,
         topology_hash TEXT, calibration_hash TEXT, batch_size INTEGER, steps INTEGER NOT NULL, predicted_s DOUBLE,
         measured_s DOUBLE NOT NULL, spread_s DOUBLE, host TEXT, measured_at TIMESTAMP DEFAULT current_timestamp)""",
+    # Runs of `tag train`: what trained (plan, data), how far and how well, and where its checkpoint and model are.
+    """CREATE TABLE IF NOT EXISTS training_runs (
+        run_id TEXT PRIMARY KEY, model TEXT NOT NULL, topology TEXT NOT NULL, strategy TEXT, plan_id TEXT,
+        graph_hash TEXT, topology_hash TEXT, profile_hash TEXT, calibration_hash TEXT, data TEXT, data_hash TEXT,
+        validation_hash TEXT, batch_size INTEGER, first_step BIGINT, steps BIGINT, status TEXT NOT NULL,
+        final_loss DOUBLE, best_loss DOUBLE, validation JSON, samples_per_s DOUBLE, input_share DOUBLE,
+        checkpoint TEXT, model_file TEXT, run_dir TEXT, wall_s DOUBLE, resumed_from TEXT, loss_curve JSON,
+        created_at TIMESTAMP DEFAULT current_timestamp)""",
     # Which snapshot, profile set, groups and checkpoint made each plan, and whether each is still current.
     """CREATE OR REPLACE VIEW plan_lineage AS
         SELECT p.plan_id, p.model, p.topology, p.created_at, p.source, p.tag_time_s, p.speedup_vs_dp_nccl,

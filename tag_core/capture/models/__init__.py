@@ -112,40 +112,48 @@ def _zoo_model(reference: str) -> ModelSpec:
 
 def _load_user_model(reference: str, timeout: float) -> ModelSpec:
     path_text, _, function_name = reference.rpartition(":")
-    path = Path(path_text)
-    if not path.is_file():
-        raise TagInputError("model", f"file {path_text!r} does not exist")
-    if not function_name.isidentifier():
-        raise TagInputError("model", f"{function_name!r} is not a function name (use path/to/file.py:function)")
-    if not can_interrupt():  # nothing here could stop a hang: find it in a process that can be killed
+    if Path(path_text).is_file() and function_name.isidentifier() and not can_interrupt():
+        # nothing here could stop a hang: find it in a process that can be killed
         from ..load_check import load_in_child
 
         load_in_child(reference, timeout)
     import keras  # noqa: F401  TensorFlow's start-up (seconds) is TAG's, not the model's: before the clock starts
 
-    module_name = "tag_user_model_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    built, builder = call_file_function(reference, timeout, "model", what="builder")
+    spec = _as_spec(built, reference, builder)
+    spec.source_file = str(Path(path_text).resolve())
+    return spec
+
+
+def call_file_function(reference: str, timeout: float, where: str, what: str = "function") -> tuple[Any, Callable]:
+    """(what `path/to/file.py:function` returns, the function): the file imported and the function called, each
+    under `timeout` seconds (time_limit.py); anything that goes wrong is a TagInputError naming `where`."""
+    path_text, _, function_name = reference.rpartition(":")
+    path = Path(path_text)
+    if not path.is_file():
+        raise TagInputError(where, f"file {path_text!r} does not exist")
+    if not function_name.isidentifier():
+        raise TagInputError(where, f"{function_name!r} is not a function name (use path/to/file.py:function)")
+    module_name = "tag_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     try:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
         with time_limit(timeout, f"importing {path_text} (for its function {function_name})"):
             loader_spec.loader.exec_module(module)
-    except ModelTimeout:
-        raise
+    except ModelTimeout as exc:
+        raise exc if where == "model" else TagInputError(where, exc.problem) from None
     except (Exception, SystemExit) as exc:  # the user's file: any failure (even sys.exit) is their input's
-        raise TagInputError("model", f"could not import {path_text}: {type(exc).__name__}: {exc}")
-    builder = getattr(module, function_name, None)
-    if not callable(builder):
-        raise TagInputError("model", f"{path_text} has no function {function_name!r}")
+        raise TagInputError(where, f"could not import {path_text}: {type(exc).__name__}: {exc}")
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise TagInputError(where, f"{path_text} has no function {function_name!r}")
     try:
         with time_limit(timeout, f"{function_name}() of {path_text}"):
-            built = builder()
-    except ModelTimeout:
-        raise
+            return function(), function
+    except ModelTimeout as exc:
+        raise exc if where == "model" else TagInputError(where, exc.problem) from None
     except (Exception, SystemExit) as exc:
-        raise TagInputError("model", f"builder {reference} raised {type(exc).__name__}: {exc}")
-    spec = _as_spec(built, reference, builder)
-    spec.source_file = str(path.resolve())
-    return spec
+        raise TagInputError(where, f"{what} {reference} raised {type(exc).__name__}: {exc}")
 
 
 def _as_spec(built: Any, reference: str, builder: Callable) -> ModelSpec:

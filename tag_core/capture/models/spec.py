@@ -26,6 +26,8 @@ class ModelSpec:
     # A Keras loss name, or any callable (labels, outputs) -> scalar loss.
     loss: str | Callable = "sparse_categorical_crossentropy"
     optimizer: Callable[[], Any] | None = None  # returns a keras optimizer; Adam when None
+    # Keras metrics `tag train` reports on validation data; None: accuracy for the classification losses.
+    metrics: list[Any] | None = None
     batch_size: int = 32
     # File the builder lives in, for user models: its hash tells when the model changed.
     source_file: str | None = None
@@ -39,6 +41,13 @@ class ModelSpec:
         import keras
 
         return self.optimizer() if self.optimizer is not None else keras.optimizers.Adam()
+
+    def make_metrics(self) -> list[Any]:
+        if self.metrics is not None:
+            return list(self.metrics)
+        classifying = self.loss in ("sparse_categorical_crossentropy", "categorical_crossentropy",
+                                    "binary_crossentropy")
+        return ["accuracy"] if classifying else []
 
     def make_loss(self):
         import keras

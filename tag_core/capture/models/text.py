@@ -77,6 +77,7 @@ def transformer(
         ],
         label=InputSpec("labels", (seq_len,), "int32", max_value=vocab),
         loss=_logits_loss(),
+        metrics=["accuracy"],
         batch_size=batch_size,
         options=dict(layers=layers, d_model=d_model, heads=heads, ff=ff, vocab=vocab, seq_len=seq_len),
     )
@@ -111,6 +112,7 @@ def bert_base(
         inputs=[InputSpec("tokens", (seq_len,), "int32", max_value=vocab)],
         label=InputSpec("labels", (), "int32", max_value=classes),
         loss=_logits_loss(),
+        metrics=["accuracy"],
         batch_size=batch_size,
         options=dict(layers=layers, hidden=hidden, heads=heads, ff=ff, vocab=vocab, seq_len=seq_len, classes=classes),
     )

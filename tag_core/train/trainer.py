@@ -1,0 +1,299 @@
+"""The process that trains: the emitted step on TF's distributed runtime, fed the run's data, checkpointed.
+
+`tag train` (tag_core.train.run) starts it as a child, as `tag run` starts its worker, so that a hung step or
+a lost task ends with the process. It reads the run's settings from RUN_DIR/run.json and reports one JSON
+object per line on stdout: {"event": "start" | "step" | "checkpoint" | "epoch" | "model" | "nonfinite" |
+"serving" | "error" | "input_error" | "done", ...}.
+
+Per step the client waits for the next prefetched batch (timed as the input pipeline's share), feeds it whole
+to the emitted step and runs it under the step timeout. Every `checkpoint_every` steps and at the end it reads
+every copy of every variable, checks that the copies of each agree, and writes a checkpoint of one value per
+variable (tag_core.train.checkpoints). At each epoch's end the user's Keras model takes those values and is
+evaluated on the validation data; at the end it is written as RUN_DIR/model.keras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tag_core.runtime.parent_watch import exit_with_parent  # imports tag_core.runtime first: see its supervisor
+from tag_core.runtime.worker import (
+    Distributed,
+    FolderError,
+    _headline,
+    _load_graph_def,
+    add_task_arguments,
+    connect_tasks,
+    report,
+    waiting_collectives,
+)
+
+FIRST_STEP_EXTRA_S = 300.0  # the first step also sets the graph up on every task
+# Copies of a variable may differ by this much, relative to its largest value, before the run calls it a
+# divergence: replicas that compute their own update (duplicate) sum in their own order.
+COPY_TOLERANCE = 1e-4
+
+
+def scalar(name: str, value: float) -> None:
+    """A TensorBoard scalar at the default writer's step. `tf.summary.scalar` lives in the tensorboard package,
+    which TF does not bring; this writes the same event (a float32 tensor, the scalars plugin's metadata)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata.SerializeToString())
+
+
+class CopiesDiverged(RuntimeError):
+    pass
+
+
+def copy_values(distributed: Distributed, meta: dict, options) -> tuple[list[np.ndarray], float]:
+    """One value per variable (its first copy) and the largest relative difference of any other copy from it;
+    CopiesDiverged past COPY_TOLERANCE, naming the variable and the devices."""
+    copies: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, j, value in distributed.variables(options):
+        copies.setdefault(i, []).append((j, value))
+    values, worst = [], 0.0
+    for i, v in enumerate(meta["variables"]):
+        (_, first), *others = sorted(copies[i], key=lambda c: c[0])
+        scale = float(np.max(np.abs(first))) if first.size else 0.0
+        for j, other in others:
+            if np.array_equal(first, other):
+                continue
+            difference = float(np.max(np.abs(first.astype(np.float64) - other))) / max(scale, 1e-12)
+            worst = max(worst, difference)
+            if not difference <= COPY_TOLERANCE:
+                devices = v["copies"]
+                raise CopiesDiverged(f"copies of {v['name']} differ: {devices[0][1]} and {devices[j][1]} by "
+                                     f"{difference:.2e} of its largest value (at most {COPY_TOLERANCE:g} is rounding)")
+        values.append(first)
+    return values, worst
+
+
+def named_tasks(message: str, addresses: list[str] | None) -> str:
+    """"; task K (...) is unreachable" for tasks a TF error names whose address no longer answers."""
+    named = sorted({int(k) for k in re.findall(r"/job:worker/replica:0/task:(\d+)", message)})
+    if not addresses:
+        return "".join(f"; the error names task {k}" for k in named[:3])
+    gone = []
+    for k, address in enumerate(addresses):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=2.0):
+                pass
+        except OSError:
+            gone.append(k)
+    return "".join(f"; task {k} ({addresses[k]}) does not answer" for k in gone) or \
+        "".join(f"; the error names task {k}" for k in named[:3])
+
+
+class Run:
+    """One run of the training loop, from the settings `tag train` wrote."""
+
+    def __init__(self, settings: dict[str, Any], args):
+        self.settings = settings
+        self.args = args
+        self.folder = Path(settings["graph"])
+        self.run_dir = Path(settings["run_dir"])
+        self.plan = json.loads((self.folder / "plan.json").read_text())
+        self.meta = self.plan["emission"]
+        self.batch = int(self.plan["batch_size"])
+        self.names = [v["name"] for v in self.meta["variables"]]
+
+    def options(self, first: bool = False):
+        import tensorflow as tf
+
+        seconds = self.settings["step_timeout"] + (FIRST_STEP_EXTRA_S if first else 0.0)
+        return tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
+
+    def main(self) -> int:
+        import keras
+        import tensorflow as tf
+
+        from tag_core.capture.models import resolve_model
+        from tag_core.emit.emitter import INIT_SEED
+
+        from .checkpoints import read_state, read_values
+        from .data import load_data
+        from .keras_model import TrainedModel
+
+        s = self.settings
+        spec = resolve_model(s["model"], self.batch, s.get("model_timeout"))
+        data = load_data(s["data"], spec, self.batch, "--data", s.get("model_timeout"))
+        validation = load_data(s["validation"], spec, None, "--validation-data", s.get("model_timeout")) \
+            if s.get("validation") else None
+        keras.utils.set_random_seed(INIT_SEED)  # the emitted step's initial values: Keras' own initialisers
+        self.keras = TrainedModel(spec)
+        connected = connect_tasks(self.args, self.meta)
+        if connected is None:
+            return 0
+        target, self.servers, on_cpu = connected
+        graph_def = _load_graph_def(self.folder, self.meta, s["step_timeout"], on_cpu)
+        resume = s.get("resume")
+        if resume:
+            state = read_state(Path(resume))
+            values, step = read_values(Path(resume), self.meta["variables"]), state["step"]
+        else:
+            by_path = self.keras.by_path
+            values, step = [np.asarray(by_path[n].numpy()) for n in self.names], 0
+        self.distributed = Distributed(graph_def, self.meta, target, soft=bool(self.args.cluster))
+        per_epoch = data.steps_per_epoch(self.batch)
+        total = s["steps"]
+        report("start", tasks=len(self.meta["tasks"]), devices=sum(self.meta["tasks"]), ops=len(graph_def.node),
+               batch=self.batch, rows=data.rows, steps_per_epoch=per_epoch, dropped=data.rows - per_epoch * self.batch,
+               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu)
+        self.stage = "initialising variables"
+        try:
+            self.distributed.initialise(values, self.options(first=True))
+            return self.loop(data, validation, step, total, per_epoch)
+        except tf.errors.OpError as exc:
+            message = str(exc)
+            addresses = json.loads(Path(self.args.cluster).read_text())["cluster"]["worker"] \
+                if self.args.cluster else None
+            report("error", stage=self.stage, kind=type(exc).__name__,
+                   message=_headline(message) + named_tasks(message, addresses),
+                   waiting=waiting_collectives(message, self.meta))
+            return 1
+        except CopiesDiverged as exc:
+            report("error", stage=self.stage, kind="CopiesDiverged", message=str(exc), waiting=[])
+            return 1
+
+    def loop(self, data, validation, step: int, total: int, per_epoch: int) -> int:
+        import tensorflow as tf
+
+        from .data import iterate
+
+        s = self.settings
+        writer = tf.summary.create_file_writer(str(self.run_dir / "logs"))
+        epoch_losses: list[float] = []
+        timed = {"steps": 0, "step_s": 0.0, "data_s": 0.0}
+        first = True
+        while step < total:
+            epoch, position = divmod(step, per_epoch)
+            batches = iterate(data.epoch(s["seed"], epoch, self.batch, position))
+            waited = time.perf_counter()
+            for batch in batches:
+                data_s = time.perf_counter() - waited
+                self.stage = f"step {step + 1}"
+                start = time.perf_counter()
+                loss = self.distributed.step(batch, self.options(first))
+                seconds = time.perf_counter() - start
+                if not math.isfinite(loss):
+                    kept = self.latest()
+                    report("nonfinite", step=step + 1, loss=str(loss), checkpoint=kept)
+                    return 1
+                step += 1
+                if not first:  # the first includes the graph's set-up on every task
+                    timed["steps"] += 1
+                    timed["step_s"] += seconds
+                    timed["data_s"] += data_s
+                first = False
+                epoch_losses.append(loss)
+                report("step", step=step, loss=loss, seconds=seconds, data_seconds=data_s, epoch=epoch)
+                with writer.as_default(step=step):
+                    scalar("loss", loss)
+                    scalar("samples_per_second", self.batch / max(seconds + data_s, 1e-9))
+                ended = step % per_epoch == 0
+                if step % s["checkpoint_every"] == 0 or step == total or ended:
+                    values = self.checkpoint(step, per_epoch, data.content_hash)
+                if ended or step == total:
+                    self.end_epoch(epoch, step, epoch_losses, values, validation, writer, ended)
+                    epoch_losses = []
+                if step == total:
+                    break
+                waited = time.perf_counter()
+        writer.flush()
+        self.export(values, data)
+        steps, busy = timed["steps"], timed["step_s"] + timed["data_s"]
+        report("done", steps=step, timed_steps=steps, samples_per_s=steps * self.batch / busy if busy else None,
+               input_share=timed["data_s"] / busy if busy else None)
+        return 0
+
+    def latest(self) -> str | None:
+        from .checkpoints import latest_checkpoint
+
+        kept = latest_checkpoint(self.run_dir)
+        return str(kept) if kept else None
+
+    def checkpoint(self, step: int, per_epoch: int, data_hash: str) -> list[np.ndarray]:
+        from .checkpoints import write_checkpoint
+
+        self.stage = f"checkpoint at step {step}"
+        start = time.perf_counter()
+        values, difference = copy_values(self.distributed, self.meta, self.options())
+        epoch, position = divmod(step, per_epoch)
+        s = self.settings
+        state = {"step": step, "epoch": epoch, "batches_done_in_epoch": position, "seed": s["seed"],
+                 **s["identity"], "plan_id": s.get("plan_id"), "strategy": self.plan["strategy"].get("name")}
+        path = write_checkpoint(self.run_dir, values, self.meta["variables"], state, s["keep"])
+        report("checkpoint", step=step, path=str(path), seconds=time.perf_counter() - start,
+               copy_difference=difference)
+        return values
+
+    def end_epoch(self, epoch: int, step: int, losses: list[float], values, validation, writer, whole: bool) -> None:
+        import tensorflow as tf
+
+        fields: dict[str, Any] = {"epoch": epoch, "step": step, "whole": whole,
+                                  "train_loss": float(np.mean(losses)) if losses else None}
+        if validation is not None:
+            self.stage = f"validation after step {step}"
+            self.keras.assign(self.names, values)
+            metrics = self.keras.evaluate(validation.in_order(self.batch))
+            fields["validation"] = metrics
+            with writer.as_default(step=step):
+                for name, value in metrics.items():
+                    scalar(f"validation/{name}", value)
+            writer.flush()
+        report("epoch", **fields)
+
+    def export(self, values: list[np.ndarray], data) -> None:
+        """RUN_DIR/model.keras, loaded back and checked: on one batch its loss equals the emitted step's forward
+        pass (the loss fetched without the update)."""
+        import keras
+
+        from .data import iterate
+
+        self.stage = "writing model.keras"
+        self.keras.assign(self.names, values)
+        path = self.keras.save(self.run_dir / "model.keras")
+        batch = next(iterate(data.epoch(self.settings["seed"], 0, self.batch)))
+        emitted = float(self.distributed.session.run(
+            self.meta["loss_tensor"], feed_dict=dict(zip(self.meta["input_tensors"], batch)), options=self.options()))
+        loaded = keras.models.load_model(path, compile=False)
+        ours = self.keras.loss_on(batch, loaded)
+        report("model", path=str(path), emitted_loss=emitted, keras_loss=ours,
+               relative_difference=abs(ours - emitted) / max(abs(emitted), 1e-12))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tag_core.train.trainer")
+    parser.add_argument("settings", help="RUN_DIR/run.json as `tag train` wrote it")
+    add_task_arguments(parser)
+    args = parser.parse_args(argv)
+    exit_with_parent()
+    settings = json.loads(Path(args.settings).read_text())
+    from tag_core.errors import TagInputError
+
+    try:
+        return Run(settings, args).main()
+    except FolderError as exc:
+        report("input_error", where="DIR", message=str(exc))
+        return 2
+    except TagInputError as exc:
+        report("input_error", where=exc.where, message=exc.problem)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
