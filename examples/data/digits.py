@@ -1,7 +1,7 @@
 """scikit-learn's bundled 8x8 digits (1,797 images of 0-9, shipped inside the package: nothing is downloaded),
 as `tag train --data` takes it: functions returning a tf.data.Dataset of (inputs, labels).
 
-The first 80% of the rows train, the rest validate. `*_features` give each image as 64 floats in [0, 1] (for
+80% of the rows, drawn with a fixed seed, train; the rest validate. `*_features` give each image as 64 floats in [0, 1] (for
 `mlp[features=64]`), `*_images` as 8x8x3 (the grey level in every channel, for `small_cnn[image_size=8]`).
 
     tag train "mlp[features=64]" --strategy dp-nccl --topology T.json \\
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 TRAIN_SHARE = 0.8
+SPLIT_SEED = 0
 
 
 def arrays(part: str, images: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -23,8 +24,10 @@ def arrays(part: str, images: bool = False) -> tuple[np.ndarray, np.ndarray]:
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")
     y = digits.target.astype("int32")
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(x))
     cut = int(len(x) * TRAIN_SHARE)
-    x, y = (x[:cut], y[:cut]) if part == "train" else (x[cut:], y[cut:])
+    rows = order[:cut] if part == "train" else order[cut:]
+    x, y = x[rows], y[rows]
     if images:
         x = np.repeat(x.reshape(-1, 8, 8, 1), 3, axis=-1)
     return x, y

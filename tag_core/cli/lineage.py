@@ -1,4 +1,6 @@
-"""`tag lineage MODEL TOPOLOGY`: the history of plans for a pair, and what changed between them."""
+"""`tag lineage MODEL TOPOLOGY`: the history of plans for a pair, and what changed between them.
+`tag lineage --trained RUN_DIR|model.keras`: the runs that trained a model, each with its plan, snapshot, profiles
+and calibration."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ TRACKED = [("graph_hash", "graph"), ("profile_hash", "profiles"), ("groups_hash"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("lineage", help="history of plans for a model and topology, and what changed")
-    parser.add_argument("model")
-    parser.add_argument("topology")
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("topology", nargs="?")
+    parser.add_argument("--trained", metavar="RUN_DIR",
+                        help="instead: a `tag train` run folder or its model.keras; prints the runs that trained it "
+                             "and, for each, its plan, topology snapshot, profiles and calibration")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(run=run)
 
@@ -36,6 +41,12 @@ def run(args) -> int:
     from tag_core import store
     from tag_core.errors import TagInputError
 
+    if args.trained is not None:
+        if args.model is not None:
+            raise TagInputError("--trained", "takes no MODEL or TOPOLOGY")
+        return _trained(args)
+    if args.model is None or args.topology is None:
+        raise TagInputError("model/topology", "give MODEL and TOPOLOGY, or --trained RUN_DIR")
     conn = open_store(args, read_only=True)
     try:
         history = store.plan_lineage(conn, args.model, args.topology).to_dict("records")
@@ -54,4 +65,36 @@ def run(args) -> int:
               f"speedup {speedup}  snapshot {row['topology_hash']}  profiles {row['profile_hash']}  "
               f"groups {row['groups_hash']}  checkpoint {row['checkpoint_hash'] or '-'}")
         print(f"    changed: {', '.join(row['changed'])}")
+    return 0
+
+
+def _trained(args) -> int:
+    from pathlib import Path
+
+    from tag_core import store
+    from tag_core.errors import TagInputError
+
+    path = Path(args.trained)
+    run_dir = path.parent if path.suffix == ".keras" else path
+    conn = open_store(args, read_only=True)
+    try:
+        runs = store.trained_lineage(conn, str(run_dir.resolve()))
+    finally:
+        conn.close()
+    if not runs:
+        raise TagInputError("--trained", f"no training run of {run_dir} in the store (trained with another --db?)")
+    if args.json:
+        print_json(runs)
+        return 0
+    for run in runs:
+        steps = f"steps {run['first_step']}-{run['steps']}"
+        print(f"{str(run['created_at'])[:19]}  run {run['run_id']}  {run['model']} on {run['topology']}  {steps}  "
+              f"{run['status']}  final loss {run['final_loss']:.4g}  data {run['data']} ({run['data_hash']})")
+        plan = f"plan {run['plan_id']} (planned {str(run['planned_at'])[:19]})" if run["plan_id"] else \
+            f"strategy {run['strategy']} (no stored plan)"
+        print(f"    {plan}; snapshot {run['topology_hash']} from {run['snapshot_file'] or '-'}; profiles "
+              f"{run['profile_hash'] or '-'}; calibration {run['calibration_hash'] or 'none'}"
+              + (f" ({run['calibration_source']})" if run.get("calibration_source") else ""))
+        if run["resumed_from"]:
+            print(f"    resumed from {run['resumed_from']}")
     return 0

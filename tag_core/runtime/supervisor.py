@@ -198,7 +198,9 @@ def run_child(command: list[str], meta: dict, mode: str, echo: Callable[[str], N
     """Run a client child (`command`, a module of this package that reports JSON events on stdout) against the
     tasks of `meta` served as `mode` says ("pinned", "shared" or "cluster"), and turn its events into lines with
     `handle` (default `describe`). It is killed after `limit_s` seconds (None: never) or `silence_s` seconds
-    without a line from it; `timeout` is what the messages quote."""
+    without a line from it (an event's "quiet_s" sets that bound from then on: a client says how long its next
+    phase may take, since TF does not always end a step that waits for a lost task); `timeout` is what the
+    messages quote."""
     echo = echo or (lambda line: None)
     handle = handle or describe
     if mode == "pinned":
@@ -274,7 +276,7 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
                 break
             if silence_s is not None and now - heard > silence_s:
                 _kill(child)
-                result.error = f"{stage}: no word from the client for {silence_s:g} s; the run was stopped" + \
+                result.error = f"{stage} did not finish within {silence_s:g} s; the run was stopped" + \
                     _gone_tasks(servers)
                 break
             try:
@@ -288,6 +290,8 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
             event = _parse(line)
             if event is None:
                 continue
+            if silence_s is not None and event.get("quiet_s") is not None:  # how long the client's next phase may take
+                silence_s = float(event["quiet_s"])
             if event["event"] == "input_error":  # a file of the folder is unreadable: the user's input
                 raise TagInputError(event["where"], event["message"])
             stage = _stage_after(event, stage)
@@ -351,6 +355,10 @@ def _stage_after(event: dict, stage: str) -> str:
     if event["event"] == "start":
         return "initialising variables"
     if event["event"] == "step":
+        return f"step {event['step'] + 1}"
+    if event["event"] == "phase":
+        return event["what"]
+    if event["event"] in ("checkpoint", "epoch"):
         return f"step {event['step'] + 1}"
     return stage
 

@@ -85,8 +85,8 @@ class TrainingProgress:
     def _on_nonfinite(self, event, result) -> list[str]:
         self.events.nonfinite = event
         kept = event.get("checkpoint") or "none was written"
-        result.error = f"step {event['step']}: the loss is {event['loss']}; training stopped. The last good " \
-                       f"checkpoint: {kept}"
+        what = f"the loss is {event['loss']}" if "loss" in event else f"variable {event['variable']} holds NaN or Inf"
+        result.error = f"step {event['step']}: {what}; training stopped. The last good checkpoint: {kept}"
         return []
 
     def _on_done(self, event, result) -> list[str]:

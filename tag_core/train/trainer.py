@@ -39,6 +39,9 @@ from tag_core.runtime.worker import (
 )
 
 FIRST_STEP_EXTRA_S = 300.0  # the first step also sets the graph up on every task
+STEP_GRACE_S = 10.0  # beyond the step timeout, before the supervisor stops a client whose step never returns
+# What a checkpoint, a validation or the export may take at most (they read every variable or a whole data set).
+LONG_PHASE_S = 1800.0
 # Copies of a variable may differ by this much, relative to its largest value, before the run calls it a
 # divergence: replicas that compute their own update (duplicate) sum in their own order.
 COPY_TOLERANCE = 1e-4
@@ -58,6 +61,10 @@ class CopiesDiverged(RuntimeError):
     pass
 
 
+class NotFinite(RuntimeError):
+    """A variable holds NaN or Inf (a loss function can clip NaN away while its gradient still carries it)."""
+
+
 def copy_values(distributed: Distributed, meta: dict, options) -> tuple[list[np.ndarray], float]:
     """One value per variable (its first copy) and the largest relative difference of any other copy from it;
     CopiesDiverged past COPY_TOLERANCE, naming the variable and the devices."""
@@ -69,7 +76,7 @@ def copy_values(distributed: Distributed, meta: dict, options) -> tuple[list[np.
         (_, first), *others = sorted(copies[i], key=lambda c: c[0])
         scale = float(np.max(np.abs(first))) if first.size else 0.0
         for j, other in others:
-            if np.array_equal(first, other):
+            if np.array_equal(first, other, equal_nan=first.dtype.kind == "f"):
                 continue
             difference = float(np.max(np.abs(first.astype(np.float64) - other))) / max(scale, 1e-12)
             worst = max(worst, difference)
@@ -77,6 +84,8 @@ def copy_values(distributed: Distributed, meta: dict, options) -> tuple[list[np.
                 devices = v["copies"]
                 raise CopiesDiverged(f"copies of {v['name']} differ: {devices[0][1]} and {devices[j][1]} by "
                                      f"{difference:.2e} of its largest value (at most {COPY_TOLERANCE:g} is rounding)")
+        if first.dtype.kind == "f" and not np.isfinite(first).all():
+            raise NotFinite(v["name"])
         values.append(first)
     return values, worst
 
@@ -110,6 +119,10 @@ class Run:
         self.meta = self.plan["emission"]
         self.batch = int(self.plan["batch_size"])
         self.names = [v["name"] for v in self.meta["variables"]]
+
+    def quiet_s(self, first: bool = False) -> float:
+        """How long the supervisor waits for the next event during a step (tag_core.runtime.supervisor.run_child)."""
+        return self.settings["step_timeout"] + STEP_GRACE_S + (FIRST_STEP_EXTRA_S if first else 0.0)
 
     def options(self, first: bool = False):
         import tensorflow as tf
@@ -152,11 +165,11 @@ class Run:
         total = s["steps"]
         report("start", tasks=len(self.meta["tasks"]), devices=sum(self.meta["tasks"]), ops=len(graph_def.node),
                batch=self.batch, rows=data.rows, steps_per_epoch=per_epoch, dropped=data.rows - per_epoch * self.batch,
-               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu)
-        self.stage = "initialising variables"
+               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu, quiet_s=self.quiet_s(first=True))
+        self.stage, self.step = "initialising variables", step
         try:
             self.distributed.initialise(values, self.options(first=True))
-            return self.loop(data, validation, step, total, per_epoch)
+            return self.loop(data, validation, step, total, per_epoch, values)
         except tf.errors.OpError as exc:
             message = str(exc)
             addresses = json.loads(Path(self.args.cluster).read_text())["cluster"]["worker"] \
@@ -168,8 +181,11 @@ class Run:
         except CopiesDiverged as exc:
             report("error", stage=self.stage, kind="CopiesDiverged", message=str(exc), waiting=[])
             return 1
+        except NotFinite as exc:
+            report("nonfinite", step=self.step, variable=str(exc), checkpoint=self.latest())
+            return 1
 
-    def loop(self, data, validation, step: int, total: int, per_epoch: int) -> int:
+    def loop(self, data, validation, step: int, total: int, per_epoch: int, values: list[np.ndarray]) -> int:
         import tensorflow as tf
 
         from .data import iterate
@@ -190,23 +206,24 @@ class Run:
                 loss = self.distributed.step(batch, self.options(first))
                 seconds = time.perf_counter() - start
                 if not math.isfinite(loss):
-                    kept = self.latest()
-                    report("nonfinite", step=step + 1, loss=str(loss), checkpoint=kept)
+                    report("nonfinite", step=step + 1, loss=str(loss), checkpoint=self.latest())
                     return 1
                 step += 1
+                self.step = step
                 if not first:  # the first includes the graph's set-up on every task
                     timed["steps"] += 1
                     timed["step_s"] += seconds
                     timed["data_s"] += data_s
                 first = False
                 epoch_losses.append(loss)
-                report("step", step=step, loss=loss, seconds=seconds, data_seconds=data_s, epoch=epoch)
+                report("step", step=step, loss=loss, seconds=seconds, data_seconds=data_s, epoch=epoch,
+                       quiet_s=self.quiet_s())
                 with writer.as_default(step=step):
                     scalar("loss", loss)
                     scalar("samples_per_second", self.batch / max(seconds + data_s, 1e-9))
                 ended = step % per_epoch == 0
                 if step % s["checkpoint_every"] == 0 or step == total or ended:
-                    values = self.checkpoint(step, per_epoch, data.content_hash)
+                    values = self.checkpoint(step, per_epoch)
                 if ended or step == total:
                     self.end_epoch(epoch, step, epoch_losses, values, validation, writer, ended)
                     epoch_losses = []
@@ -214,6 +231,7 @@ class Run:
                     break
                 waited = time.perf_counter()
         writer.flush()
+        report("phase", what="writing model.keras", quiet_s=LONG_PHASE_S)
         self.export(values, data)
         steps, busy = timed["steps"], timed["step_s"] + timed["data_s"]
         report("done", steps=step, timed_steps=steps, samples_per_s=steps * self.batch / busy if busy else None,
@@ -226,10 +244,11 @@ class Run:
         kept = latest_checkpoint(self.run_dir)
         return str(kept) if kept else None
 
-    def checkpoint(self, step: int, per_epoch: int, data_hash: str) -> list[np.ndarray]:
+    def checkpoint(self, step: int, per_epoch: int) -> list[np.ndarray]:
         from .checkpoints import write_checkpoint
 
         self.stage = f"checkpoint at step {step}"
+        report("phase", what=self.stage, quiet_s=LONG_PHASE_S)
         start = time.perf_counter()
         values, difference = copy_values(self.distributed, self.meta, self.options())
         epoch, position = divmod(step, per_epoch)
@@ -238,7 +257,7 @@ class Run:
                  **s["identity"], "plan_id": s.get("plan_id"), "strategy": self.plan["strategy"].get("name")}
         path = write_checkpoint(self.run_dir, values, self.meta["variables"], state, s["keep"])
         report("checkpoint", step=step, path=str(path), seconds=time.perf_counter() - start,
-               copy_difference=difference)
+               copy_difference=difference, quiet_s=self.quiet_s())
         return values
 
     def end_epoch(self, epoch: int, step: int, losses: list[float], values, validation, writer, whole: bool) -> None:
@@ -248,6 +267,7 @@ class Run:
                                   "train_loss": float(np.mean(losses)) if losses else None}
         if validation is not None:
             self.stage = f"validation after step {step}"
+            report("phase", what=self.stage, quiet_s=LONG_PHASE_S)
             self.keras.assign(self.names, values)
             metrics = self.keras.evaluate(validation.in_order(self.batch))
             fields["validation"] = metrics
@@ -255,7 +275,7 @@ class Run:
                 for name, value in metrics.items():
                     scalar(f"validation/{name}", value)
             writer.flush()
-        report("epoch", **fields)
+        report("epoch", **fields, quiet_s=self.quiet_s())
 
     def export(self, values: list[np.ndarray], data) -> None:
         """RUN_DIR/model.keras, loaded back and checked: on one batch its loss equals the emitted step's forward
