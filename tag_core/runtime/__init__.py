@@ -9,7 +9,8 @@ single-device step. The servers run in a child process (`worker`) that ends with
 a cluster's transfers, collectives and fixed costs into a `tag_core.cluster.calibration.Calibration`.
 """
 
-from .supervisor import RunResult, describe, run_emitted
+from .run_result import RunResult, describe
+from .supervisor import run_emitted
 
 __all__ = [
     "RunResult", "describe", "run_emitted",

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tag_core.runtime.supervisor import RunResult, describe
+from tag_core.runtime.run_result import RunResult, describe
 
 
 @dataclass

@@ -261,7 +261,6 @@ class Run:
         return values
 
     def end_epoch(self, epoch: int, step: int, losses: list[float], values, validation, writer, whole: bool) -> None:
-        import tensorflow as tf
 
         fields: dict[str, Any] = {"epoch": epoch, "step": step, "whole": whole,
                                   "train_loss": float(np.mean(losses)) if losses else None}
