@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dagster import load_asset_checks_from_modules, load_assets_from_modules
 
-from . import capture, cluster, emission, fusion, gnn, measurement, planning, profiling, sfb
+from . import capture, cluster, emission, fusion, gnn, measurement, planning, profiling, sfb, training
 
-STAGES = [capture, profiling, cluster, planning, sfb, fusion, emission, measurement, gnn]
+STAGES = [capture, profiling, cluster, planning, sfb, fusion, emission, measurement, training, gnn]
 
 ALL_ASSETS = load_assets_from_modules(STAGES)
 ALL_ASSET_CHECKS = load_asset_checks_from_modules(STAGES)

@@ -2,7 +2,8 @@
 
 Roots (`training_graph`, `cluster_topology`) are driven by the sensors; the
 stages below them carry `AutomationCondition.eager()`, so a new topology or
-model flows through to plans, SFB decisions and graphs.
+model flows through to plans, SFB decisions and graphs. `training_run` is
+materialized only when asked (MANUAL).
 """
 
 from dagster import (
@@ -14,13 +15,16 @@ from dagster import (
 )
 
 ROOTS = {"training_graph", "cluster_topology"}
+# Materialized when asked, never by the automation: training costs hours on real clusters.
+MANUAL = {"training_run"}
 
 
 def with_automation(assets: list) -> list:
     """The assets, with eager automation on every non-root stage that has no condition of its own."""
 
     def eager(spec):
-        if spec.key.to_user_string() in ROOTS or spec.automation_condition is not None:
+        key = spec.key.to_user_string()
+        if key in ROOTS or key in MANUAL or spec.automation_condition is not None:
             return spec
         return spec.replace_attributes(automation_condition=AutomationCondition.eager())
 

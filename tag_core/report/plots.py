@@ -138,6 +138,23 @@ def training_curve(metrics: dict) -> bytes:
     return _png(fig)
 
 
+def loss_curve(points: list, validation: list | None = None, title: str = "training loss") -> bytes:
+    """A `tag train` run's loss per step ([step, loss] pairs), with the validation loss at each epoch's end
+    ([step, loss] pairs) where there was validation data."""
+    plt = _pyplot()
+    fig, axis = plt.subplots(figsize=(7, 3.4))
+    steps, losses = np.array(points, dtype=float).reshape(-1, 2).T
+    axis.plot(steps, losses, color="#4C72B0", linewidth=1, label="training loss")
+    if validation:
+        at, values = np.array(validation, dtype=float).reshape(-1, 2).T
+        axis.plot(at, values, "o-", color="#DD8452", label="validation loss (epoch ends)")
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=8)
+    return _png(fig)
+
+
 SCATTER_BAND = 0.25  # the band drawn around the diagonal: |measured - predicted| / measured within it
 
 
