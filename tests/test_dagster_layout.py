@@ -38,6 +38,7 @@ PARTITIONS = {
     "sfb_decisions": "model|topology",
     "distributed_graph": "model|topology",
     "measured_step": "model|topology",
+    "training_run": "model|topology",
 }
 CHECKS = {
     ("deployment_plan", "plan_fits_memory"),
