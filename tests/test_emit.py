@@ -123,7 +123,7 @@ def test_write_emission_folder(mlp_allreduce, tmp_path):
     assert plan["lineage"]["topology_hash"] == mlp_allreduce.topology.content_hash()
     assert Strategy.from_dict(plan["strategy"]).options == ["allreduce"]
     assert plan["emission"]["tasks"] == [2, 2]
-    assert "tag run" in (out / "README.txt").read_text()
+    assert "tag run" in (out / "README.txt").read_text() and "tag train" in (out / "README.txt").read_text()
     readable = text_format.Parse((out / "graph.pbtxt").read_text(), type(mlp_allreduce.emitted.graph_def)())
     assert readable == mlp_allreduce.emitted.graph_def
     # Existing folder: refused without force, replaced with it; no temporary folders left behind.

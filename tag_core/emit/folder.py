@@ -190,11 +190,12 @@ Run it on a real cluster:
   Sessions use ConfigProto.experimental.collective_group_leader = /job:worker/replica:0/task:0 and
   allow_soft_placement (ops without a GPU kernel stay on the host){rewrites}.
 
-From your own code (TF 2.x, v1 API):
-  tf.compat.v1.import_graph_def(graph_def, name="")
-  feed tag_init/value_i:0 with variable i's initial value (order: plan.json emission.variables), run tag_init/all;
-  per step feed {', '.join(emission.emitted.input_tensors)} with the whole batch and run
-  [tag/loss:0, tag/train].
+Train the model with this plan on your data (checkpoints, resume, TensorBoard logs, a Keras model out):
+  tag train {s['model']} --plan plan.json --data DATA --out RUN_DIR --epochs E
+  (DATA: an .npz with one array per model input and `labels`, or path/to/file.py:function returning a
+  tf.data.Dataset of (inputs, labels); on a real cluster add --cluster cluster.json --task-index K, as above).
+  `tag train` emits the plan again into RUN_DIR/graph, so it takes the plan file `tag plan` wrote; this
+  folder's plan.json serves `tag run`.
 
 Batch norm: replicas of a split group normalise with their own sub-batch statistics, as standard
 data parallelism does; the moving averages they update are the batch-share-weighted mean over replicas.
