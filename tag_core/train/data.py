@@ -285,7 +285,42 @@ def _shown(value) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def iterate(batches) -> Iterator[list[np.ndarray]]:
-    """The batches of `TrainingData.epoch` as lists of numpy arrays, ready to feed."""
-    for batch in batches:
-        yield [t.numpy() for t in batch]
+def iterate(batches, depth: int = 4) -> Iterator[list[np.ndarray]]:
+    """The batches of `TrainingData.epoch` as lists of numpy arrays, ready to feed, made by a thread of their own
+    `depth` batches ahead: tf.data's own iterator costs the client a few hundred microseconds a batch, which
+    this overlaps with the step (a session's run lets go of the GIL while the step runs)."""
+    import queue
+    import threading
+
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                item = [t.numpy() for t in batch]
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put(end)
+        except BaseException as exc:  # handed to the consumer, raised there
+            ready.put(exc)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
