@@ -22,6 +22,8 @@ COMMANDS = {
     "report --out": (["report", "--out", "{out}"], "--out", "folder"),
     "train-gnn --out": (["train-gnn", "--out", "{out}", "--generations", "1"], "--out", "file"),
     "calibrate --local --out": (["calibrate", "--local", "2", "--out", "{out}"], "--out", "file"),
+    "train --out": (["train", "mlp", "--topology", TOPOLOGY, "--strategy", "single", "--data", "digits.npz",
+                     "--out", "{out}"], "--out", "folder"),
 }
 
 
