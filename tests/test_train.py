@@ -59,20 +59,21 @@ def data(folder):
     return str(digits(folder / "digits.npz"))
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(folder, data):
-    result = train(resolve_model(MODEL), folder / "full", data, strategy="dp-nccl",
-                   topology=parse_topology(LOCAL2), steps=STEPS, checkpoint_every=10)
+def trained(out, data, steps: int):
+    result = train(resolve_model(MODEL), out, data, strategy="dp-nccl", topology=parse_topology(LOCAL2),
+                   steps=steps, checkpoint_every=10)
     assert result.ok, "\n".join(result.lines + [result.error or ""])
     return result
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(folder, data):
+    return trained(folder / "full", data, STEPS)
 
 
 @pytest.fixture(scope="module")
 def first_part(folder, data):
-    result = train(resolve_model(MODEL), folder / "part", data, strategy="dp-nccl",
-                   topology=parse_topology(LOCAL2), steps=PART, checkpoint_every=10)
-    assert result.ok, "\n".join(result.lines + [result.error or ""])
-    return result
+    return trained(folder / "part", data, PART)
 
 
 def relative(a, b) -> float:

@@ -137,3 +137,14 @@ def add_model_timeout(parser, flag: str = "--timeout") -> None:
                         help="seconds each step of loading the model (importing its file, calling its function, "
                              f"building it, tracing a step) may take (default $TAG_MODEL_TIMEOUT, else "
                              f"{MODEL_TIMEOUT_S:g})")
+
+
+def add_plan_source(parser) -> None:
+    """MODEL, then --plan or --strategy (one of them) and --topology: what `emit` and `train` work from."""
+    parser.add_argument("model", help="zoo name or path/to/file.py:function")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--plan", help="plan JSON from `tag plan --out`")
+    source.add_argument("--strategy", help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for "
+                                           "every op (allreduce, ps, duplicate, model_parallel), or a strategy JSON file")
+    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy; with --plan, the "
+                                           "snapshot the plan carries is the default)")

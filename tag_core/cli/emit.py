@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import add_model_timeout, check_plan, positive_int32, print_json
+from ._common import add_model_timeout, add_plan_source, check_plan, positive_int32, print_json
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("emit", help="emit the distributed TF training graph of a plan or strategy")
-    parser.add_argument("model", help="zoo name or path/to/file.py:function")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--plan", help="plan JSON from `tag plan --out`")
-    source.add_argument("--strategy", help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for "
-                                           "every op (allreduce, ps, duplicate, model_parallel), or a strategy JSON file")
-    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy; with --plan, the "
-                                           "snapshot the plan carries is the default)")
+    add_plan_source(parser)
     parser.add_argument("--out", required=True, help="folder to write (must not exist unless --force)")
     parser.add_argument("--device-kind", choices=("gpu", "cpu"), default="gpu",
                         help="GPU devices (a real cluster) or logical CPU devices (to run here); default gpu")

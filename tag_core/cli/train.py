@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from ._common import add_model_timeout, non_negative_int32, positive_float, positive_int, positive_int32, print_json
+from ._common import (add_model_timeout, add_plan_source, non_negative_int32, positive_float, positive_int,
+                      positive_int32, print_json)
 
 
 def register(subparsers) -> None:
@@ -18,13 +19,7 @@ def register(subparsers) -> None:
                     "(local servers, or one task of --cluster), as `tag run` runs a graph. Writes checkpoints keyed "
                     "by the model's variable paths, TensorBoard logs under RUN_DIR/logs and RUN_DIR/model.keras, "
                     "and records the run in the store's training_runs table.")
-    parser.add_argument("model", help="zoo name or path/to/file.py:function")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--plan", help="plan JSON from `tag plan --out`")
-    source.add_argument("--strategy", help="a baseline (dp-nccl, dp-nccl-p, horovod, single), one option for every "
-                                           "op (allreduce, ps, duplicate, model_parallel), or a strategy JSON file")
-    parser.add_argument("--topology", help="topology snapshot JSON (required with --strategy; with --plan, the "
-                                           "snapshot the plan carries is the default)")
+    add_plan_source(parser)
     parser.add_argument("--data", required=True,
                         help="training data: an .npz file with one array per model input, named as the input, and "
                              "`labels`; or path/to/file.py:function returning a tf.data.Dataset of (inputs, labels)")
