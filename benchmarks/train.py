@@ -12,7 +12,8 @@
    --epochs epochs and the first 20 step losses (Keras `train_on_batch`).
 3. Throughput on the same two tasks, medians of --repeats runs, with peak RSS: `tag train` with the TAG plan
    fed from an .npz (mlp and small_cnn on digits, the 1-block transformer on a file of token sequences) against
-   Keras `fit` on one device and under MirroredStrategy, MultiWorkerMirroredStrategy and ParameterServerStrategy
+   Keras `fit` on one device (one pinned core, and both cores) and under MirroredStrategy,
+   MultiWorkerMirroredStrategy and ParameterServerStrategy, with TF's custom loops where `fit` fails
    (benchmarks/keras_baselines.py), and against `tag run --measure` of the same plan on synthetic batches (the
    input pipeline's cost: the goal is at least 90% of that).
 
@@ -43,7 +44,8 @@ INIT_SEED = 20240601
 ACCURACY_MODELS = {"mlp": ("mlp[features=64]", False), "small_cnn": ("small_cnn[image_size=8]", True)}
 TRANSFORMER = "transformer[layers=1,d_model=32,heads=2,ff=64,vocab=50,seq_len=8]"
 STRATEGIES = ["single", "dp-nccl", "ps", "model_parallel", "mixed", "tag"]
-KERAS_STRATEGIES = ["keras_single", "mirrored", "multi_worker_mirrored", "parameter_server"]
+KERAS_STRATEGIES = ["keras_single", "keras_two_cores", "mirrored", "multi_worker_mirrored", "multi_worker_mirrored_loop",
+                    "parameter_server", "parameter_server_loop"]
 FIRST_LOSSES = 20
 # Runs `argv` as a child and prints its wall time and the peak RSS of the largest process below it.
 WRAPPER = ("import json,resource,subprocess,sys,time;t=time.perf_counter();"
@@ -345,9 +347,10 @@ def markdown(report: dict) -> str:
     for r in report["throughput"]:
         groups.setdefault((r["model"], r["runner"]), []).append(r)
     for (model, runner), rows in groups.items():
-        refused = next((r["refused"] for r in rows if r.get("refused")), None)
+        refused = next((r for r in rows if r.get("refused") or r.get("failed")), None)
         if refused:
-            lines.append(f"| {model} | {runner} | refused | {len(rows)} | - | {refused} |")
+            word = "refused" if refused.get("refused") else "failed"
+            lines.append(f"| {model} | {runner} | {word} | {len(rows)} | - | {refused[word]} |")
             continue
         rate, rss = _median(rows, "samples_per_s"), max(r.get("peak_rss_mib") or 0 for r in rows)
         note = rows[0].get("note") or ""
