@@ -47,16 +47,6 @@ LONG_PHASE_S = 1800.0
 COPY_TOLERANCE = 1e-4
 
 
-def scalar(name: str, value: float) -> None:
-    """A TensorBoard scalar at the default writer's step. `tf.summary.scalar` lives in the tensorboard package,
-    which TF does not bring; this writes the same event (a float32 tensor, the scalars plugin's metadata)."""
-    import tensorflow as tf
-    from tensorflow.core.framework import summary_pb2
-
-    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata.SerializeToString())
-
-
 class CopiesDiverged(RuntimeError):
     pass
 
@@ -186,18 +176,16 @@ class Run:
             return 1
 
     def loop(self, data, validation, step: int, total: int, per_epoch: int, values: list[np.ndarray]) -> int:
-        import tensorflow as tf
-
-        from .data import iterate
+        from .tensorboard import ScalarLog
 
         s = self.settings
-        writer = tf.summary.create_file_writer(str(self.run_dir / "logs"))
+        writer = ScalarLog(str(self.run_dir / "logs"))
         epoch_losses: list[float] = []
         timed = {"steps": 0, "step_s": 0.0, "data_s": 0.0}
         first = True
         while step < total:
             epoch, position = divmod(step, per_epoch)
-            batches = iterate(data.epoch(s["seed"], epoch, self.batch, position))
+            batches = data.batches(s["seed"], epoch, self.batch, position)
             waited = time.perf_counter()
             for batch in batches:
                 data_s = time.perf_counter() - waited
@@ -206,6 +194,7 @@ class Run:
                 loss = self.distributed.step(batch, self.options(first))
                 seconds = time.perf_counter() - start
                 if not math.isfinite(loss):
+                    writer.flush()
                     report("nonfinite", step=step + 1, loss=str(loss), checkpoint=self.latest())
                     return 1
                 step += 1
@@ -218,11 +207,11 @@ class Run:
                 epoch_losses.append(loss)
                 report("step", step=step, loss=loss, seconds=seconds, data_seconds=data_s, epoch=epoch,
                        quiet_s=self.quiet_s())
-                with writer.as_default(step=step):
-                    scalar("loss", loss)
-                    scalar("samples_per_second", self.batch / max(seconds + data_s, 1e-9))
+                writer.add("loss", step, loss)
+                writer.add("samples_per_second", step, self.batch / max(seconds + data_s, 1e-9))
                 ended = step % per_epoch == 0
                 if step % s["checkpoint_every"] == 0 or step == total or ended:
+                    writer.flush()  # the logs reach at least as far as the checkpoint a resume goes on from
                     values = self.checkpoint(step, per_epoch)
                 if ended or step == total:
                     self.end_epoch(epoch, step, epoch_losses, values, validation, writer, ended)
@@ -261,7 +250,6 @@ class Run:
         return values
 
     def end_epoch(self, epoch: int, step: int, losses: list[float], values, validation, writer, whole: bool) -> None:
-
         fields: dict[str, Any] = {"epoch": epoch, "step": step, "whole": whole,
                                   "train_loss": float(np.mean(losses)) if losses else None}
         if validation is not None:
@@ -270,10 +258,9 @@ class Run:
             self.keras.assign(self.names, values)
             metrics = self.keras.evaluate(validation.in_order(self.batch))
             fields["validation"] = metrics
-            with writer.as_default(step=step):
-                for name, value in metrics.items():
-                    scalar(f"validation/{name}", value)
-            writer.flush()
+            for name, value in metrics.items():
+                writer.add(f"validation/{name}", step, value)
+        writer.flush()
         report("epoch", **fields, quiet_s=self.quiet_s())
 
     def export(self, values: list[np.ndarray], data) -> None:
@@ -281,12 +268,10 @@ class Run:
         pass (the loss fetched without the update)."""
         import keras
 
-        from .data import iterate
-
         self.stage = "writing model.keras"
         self.keras.assign(self.names, values)
         path = self.keras.save(self.run_dir / "model.keras")
-        batch = next(iterate(data.epoch(self.settings["seed"], 0, self.batch)))
+        batch = next(iter(data.batches(self.settings["seed"], 0, self.batch)))
         emitted = float(self.distributed.session.run(
             self.meta["loss_tensor"], feed_dict=dict(zip(self.meta["input_tensors"], batch)), options=self.options()))
         loaded = keras.models.load_model(path, compile=False)
