@@ -357,7 +357,34 @@ def markdown(report: dict) -> str:
         if "input_share" in rows[0]:
             note = f"input pipeline {_median(rows, 'input_share'):.1%} of the step"
         lines.append(f"| {model} | {runner} | {rate:,.0f} | {len(rows)} | {rss:.0f} | {note} |")
+    lines += ["", "Ratios of the medians:", ""] + _ratios(groups) + [
+        "", "Where the time of a `tag train` step goes, against Keras on one core: "
+            "[train_trace.md](train_trace.md) (`python benchmarks/train_trace.py`)."]
     return "\n".join(lines) + "\n"
+
+
+def _ratios(groups: dict[tuple[str, str], list[dict]]) -> list[str]:
+    """Per model: tag train against tag run --measure, the fastest Keras runner and the fastest tf.distribute one."""
+    rates: dict[str, dict[str, float]] = {}
+    for (model, runner), rows in groups.items():
+        rate = _median(rows, "samples_per_s")
+        if rate:
+            rates.setdefault(model, {})[runner] = rate
+    lines = []
+    for model, by_runner in rates.items():
+        ours = by_runner.get("tag train (TAG plan)")
+        if not ours:
+            continue
+        keras = {r: v for r, v in by_runner.items() if r.startswith("Keras fit")}
+        distributed = {r: v for r, v in keras.items() if not r.endswith(("keras_single", "keras_two_cores"))}
+        parts = [f"{ours / by_runner['tag run --measure (synthetic batches)']:.0%} of `tag run --measure`"] \
+            if "tag run --measure (synthetic batches)" in by_runner else []
+        for label, pool in (("the fastest Keras runner", keras), ("the fastest tf.distribute strategy", distributed)):
+            if pool:
+                best = max(pool, key=pool.get)
+                parts.append(f"{ours / pool[best]:.2f}x {label} ({best.split(': ')[-1]})")
+        lines.append(f"- {model}: tag train at " + ", ".join(parts))
+    return lines
 
 
 if __name__ == "__main__":
