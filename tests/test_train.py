@@ -148,6 +148,21 @@ def test_resume_under_a_replanned_smaller_topology(uninterrupted, first_part, fo
     assert lineage[0]["plan_id"] == record["plan_id"] and lineage[0]["snapshot_file"] == str(smaller)
 
 
+def test_a_step_on_one_device_runs_without_servers_and_computes_the_same(folder, data):
+    """A local step whose ops all lie on task 0's device runs in the trainer's own session (auto), and its losses
+    are the pinned servers' to the bit."""
+    runs = {}
+    for servers in ("auto", "pinned"):
+        runs[servers] = train(resolve_model(MODEL), folder / f"one_device_{servers}", data, strategy="single",
+                              topology=parse_topology(LOCAL2), steps=PART, checkpoint_every=PART, servers=servers)
+        assert runs[servers].ok, runs[servers].error
+    assert runs["auto"].events.start["direct"] and not runs["pinned"].events.start["direct"]
+    assert not any("pinned single-core TF server" in line for line in runs["auto"].lines)
+    assert any("pinned single-core TF server" in line for line in runs["pinned"].lines)
+    assert runs["auto"].losses == runs["pinned"].losses
+    assert runs["auto"].events.model["relative_difference"] <= 1e-5
+
+
 def test_model_keras_loads_and_predicts_as_the_emitted_graph(uninterrupted, data):
     """model.keras holds the trained values, and on a batch its loss equals the single-device step's forward pass
     from the checkpoint (the emitted graph computes that step, `tag run --check`)."""

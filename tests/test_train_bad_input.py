@@ -68,6 +68,8 @@ def inputs(tmp_path_factory):
     """))
     topology = folder / "local1.json"
     topology.write_text(json.dumps(TOPOLOGY))
+    two = {**TOPOLOGY, "name": "local2", "machines": [TOPOLOGY["machines"][0], {**TOPOLOGY["machines"][0], "name": "task1"}]}
+    (folder / "local2.json").write_text(json.dumps(two))
     return folder
 
 
@@ -149,6 +151,10 @@ def test_run_folder_and_argument_mistakes(inputs, tmp_path, capsys):
     assert stopped.value.code == 2 and "not allowed with argument --steps" in capsys.readouterr().err
     _refused(capsys, ["train", MODEL, "--strategy", "single", "--data", str(inputs / "good.npz"), "--out",
                       str(tmp_path / "run")], "is required with --strategy", where="--topology")
+    spread = [a if a != str(inputs / "local1.json") else str(inputs / "local2.json")
+              for a in _train(inputs, tmp_path, "--servers", "direct")]
+    spread[spread.index("single")] = "dp-nccl"  # replicas on both tasks: no one session holds them
+    _refused(capsys, spread, "direct: the step's ops lie on more than one device", where="--servers")
     with pytest.raises(SystemExit) as stopped:
         main(_train(inputs, tmp_path, "--checkpoint-every", "0"))
     assert stopped.value.code == 2 and "--checkpoint-every: must be a positive integer" in capsys.readouterr().err

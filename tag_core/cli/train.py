@@ -39,8 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=non_negative_int32, default=0, help="seed of the data's shuffling (default 0)")
     parser.add_argument("--device-kind", choices=("gpu", "cpu"),
                         help="GPU devices (default with --cluster) or logical CPU devices (default here)")
-    parser.add_argument("--servers", choices=("auto", "pinned", "shared"), default="auto",
-                        help="where local tasks serve, as for `tag run` (default auto)")
+    parser.add_argument("--servers", choices=("auto", "direct", "pinned", "shared"), default="auto",
+                        help="where local tasks serve, as for `tag run`; direct: no server, the trainer's own session "
+                             "(auto's choice where every op lies on one CPU device of task 0)")
     parser.add_argument("--step-timeout", type=positive_float, default=STEP_TIMEOUT_S, metavar="SECONDS",
                         help=f"seconds a step may take before the run stops, naming what it waits for (default "
                              f"{STEP_TIMEOUT_S:g}; the first step gets 300 s more)")

@@ -149,7 +149,8 @@ def run_child(command: list[str], meta: dict, mode: str, echo: Callable[[str], N
               limit_s: float | None, timeout: float, handle: Handler | None = None,
               silence_s: float | None = None) -> RunResult:
     """Run a client child (`command`, a module of this package that reports JSON events on stdout) against the
-    tasks of `meta` served as `mode` says ("pinned", "shared" or "cluster"), and turn its events into lines with
+    tasks of `meta` served as `mode` says ("pinned", "shared", "cluster", or "direct": no server, the child's own
+    session, tag_core.runtime.direct), and turn its events into lines with
     `handle` (default `describe`). It is killed after `limit_s` seconds (None: never) or `silence_s` seconds
     without a line from it (an event's "quiet_s" sets that bound from then on: a client says how long its next
     phase may take, since TF does not always end a step that waits for a lost task); `timeout` is what the
@@ -159,7 +160,7 @@ def run_child(command: list[str], meta: dict, mode: str, echo: Callable[[str], N
     if mode == "pinned":
         return _run_pinned(command, meta, timeout, echo, limit_s, handle, silence_s)
     deadline = None if limit_s is None else time.monotonic() + limit_s
-    if mode == "cluster":  # a real cluster's tasks reach each other between machines: no namespace can hold them
+    if mode in ("cluster", "direct"):  # a real cluster's tasks reach each other: no namespace can hold them
         result = _supervise(command, meta, deadline, timeout, echo, handle, silence_s)
     else:  # shared: the worker's in-process servers and its session, in a namespace with only lo up
         try:

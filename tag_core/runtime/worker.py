@@ -111,7 +111,8 @@ def _load_graph_def(folder: Path, meta: dict, timeout: float, on_cpu: bool):
 class Distributed:
     """The emitted step in a session on the cluster's servers."""
 
-    def __init__(self, graph_def, meta: dict, target: str, soft: bool, rewrites: bool = True):
+    def __init__(self, graph_def, meta: dict, target: str, soft: bool, rewrites: bool = True,
+                 threads: int | None = None):
         import tensorflow as tf
 
         from tag_core.fusion.regions import turn_off
@@ -130,6 +131,10 @@ class Distributed:
         config = turn_off(_config(soft=soft), meta.get("rewrites_off", []))  # compiled regions need them off
         if not rewrites:  # grappler re-optimises every partition per fetch set: 20 of 25 s at 26,000 ops
             config.graph_options.rewrite_options.disable_meta_optimizer = True
+        if threads:  # a direct session (tag_core.runtime.direct) sized as one task
+            from tag_core.profile.timing import pool_sizes
+
+            config.intra_op_parallelism_threads, config.inter_op_parallelism_threads = pool_sizes(threads)
         self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
 
     def initialise(self, values: list[np.ndarray], options) -> None:

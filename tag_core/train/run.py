@@ -12,7 +12,8 @@ global batch and data. Then the run folder gets
     RUN_DIR/model.keras    the user's Keras model with the trained values
 
 and the trainer (tag_core.train.trainer) runs as `tag run`'s worker does: against pinned single-core servers,
-in-process ones, or one task of a real cluster (tag_core.runtime.supervisor.run_child).
+in-process ones, or one task of a real cluster (tag_core.runtime.supervisor.run_child); a local step on one
+device of task 0 runs in the trainer's own session instead (tag_core.runtime.direct).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def train(spec: ModelSpec, run_dir: str | Path, data: str, *, plan: dict[str, An
     A task of `cluster` other than 0 serves until stopped."""
     from tag_core.emit.emitter import emit, plan_strategy, plan_topology
     from tag_core.emit.folder import write_emission
-    from tag_core.runtime.supervisor import STARTUP_S, run_child, server_mode
+    from tag_core.runtime.supervisor import STARTUP_S, run_child
 
     from .trainer import FIRST_STEP_EXTRA_S
 
@@ -115,6 +116,7 @@ def train(spec: ModelSpec, run_dir: str | Path, data: str, *, plan: dict[str, An
         first = state["step"]
     per_epoch = training.steps_per_epoch(batch)
     total = steps if steps is not None else (epochs or 1) * per_epoch
+    mode = _server_mode(emission, servers, cluster)  # before anything is written: --servers may be refused
     graph = write_emission(emission, run_dir / "graph", force=True)
     plan_id = _plan_id(plan)
     settings = {"model": spec.reference or spec.name, "model_timeout": spec.timeout, "graph": str(graph.resolve()),
@@ -126,8 +128,9 @@ def train(spec: ModelSpec, run_dir: str | Path, data: str, *, plan: dict[str, An
 
     write_atomically(run_dir / "run.json", json.dumps(settings, indent=1))
     meta = json.loads((graph / "plan.json").read_text())["emission"]
-    mode = server_mode(meta, servers, cluster)
     command = [sys.executable, "-m", "tag_core.train.trainer", str(run_dir / "run.json")]
+    if mode == "direct":
+        command.append("--direct")
     if cluster is not None:
         command += ["--cluster", str(cluster), "--task-index", str(task_index)]
     progress = TrainingProgress(show_progress, batch)
@@ -143,6 +146,24 @@ def train(spec: ModelSpec, run_dir: str | Path, data: str, *, plan: dict[str, An
         result.error = "the trainer ended without finishing"
     result.row = None if serving else training_row(result, emission, plan, plan_id, held_out, restored)
     return result
+
+
+def _server_mode(emission, servers: str, cluster) -> str:
+    """`tag run`'s modes (tag_core.runtime.supervisor.server_mode), and "direct" (tag_core.runtime.direct),
+    the default where a local CPU step lies on one device of task 0 and would otherwise run pinned."""
+    from tag_core.runtime.direct import on_one_device
+    from tag_core.runtime.supervisor import server_mode
+
+    facts = {"tasks": [m.count for m in emission.topology.machines], "device_kind": emission.device_kind}
+    one_device = cluster is None and emission.device_kind == "cpu" and on_one_device(emission.emitted.graph_def)
+    if servers == "direct":
+        if not one_device:
+            why = "--cluster runs a task of a real cluster" if cluster is not None else \
+                "the step's ops lie on more than one device (or on GPUs)"
+            raise TagInputError("--servers", f"direct: {why}; a direct session holds one CPU device of task 0")
+        return "direct"
+    mode = server_mode(facts, servers, cluster)
+    return "direct" if servers == "auto" and mode == "pinned" and one_device else mode
 
 
 def _check_run_dir(run_dir: Path, resume: bool) -> None:

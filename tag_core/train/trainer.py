@@ -138,11 +138,18 @@ class Run:
             if s.get("validation") else None
         keras.utils.set_random_seed(INIT_SEED)  # the emitted step's initial values: Keras' own initialisers
         self.keras = TrainedModel(spec)
-        connected = connect_tasks(self.args, self.meta)
-        if connected is None:
-            return 0
-        target, self.servers, on_cpu = connected
-        graph_def = _load_graph_def(self.folder, self.meta, s["step_timeout"], on_cpu)
+        if self.args.direct:
+            from tag_core.runtime.direct import local_step
+
+            graph_def, self.meta = local_step(_load_graph_def(self.folder, self.meta, s["step_timeout"], False),
+                                              self.meta)
+            target, self.servers, on_cpu = "", [], False
+        else:
+            connected = connect_tasks(self.args, self.meta)
+            if connected is None:
+                return 0
+            target, self.servers, on_cpu = connected
+            graph_def = _load_graph_def(self.folder, self.meta, s["step_timeout"], on_cpu)
         resume = s.get("resume")
         if resume:
             state = read_state(Path(resume))
@@ -150,12 +157,15 @@ class Run:
         else:
             by_path = self.keras.by_path
             values, step = [np.asarray(by_path[n].numpy()) for n in self.names], 0
-        self.distributed = Distributed(graph_def, self.meta, target, soft=bool(self.args.cluster))
+        self.distributed = Distributed(graph_def, self.meta, target, soft=bool(self.args.cluster),
+                                       threads=1 if self.args.direct else None)
         per_epoch = data.steps_per_epoch(self.batch)
         total = s["steps"]
         report("start", tasks=len(self.meta["tasks"]), devices=sum(self.meta["tasks"]), ops=len(graph_def.node),
                batch=self.batch, rows=data.rows, steps_per_epoch=per_epoch, dropped=data.rows - per_epoch * self.batch,
-               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu, quiet_s=self.quiet_s(first=True))
+               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu,
+               direct=bool(self.args.direct),
+               quiet_s=self.quiet_s(first=True))
         self.stage, self.step = "initialising variables", step
         try:
             self.distributed.initialise(values, self.options(first=True))
@@ -237,9 +247,11 @@ class Run:
         from .checkpoints import write_checkpoint
 
         self.stage = f"checkpoint at step {step}"
-        report("phase", what=self.stage, quiet_s=LONG_PHASE_S)
+        # Reading the copies waits on every task, as a step does: a lost task must end it as it ends a step.
+        report("phase", what=f"reading the variables for the {self.stage}", quiet_s=self.quiet_s())
         start = time.perf_counter()
         values, difference = copy_values(self.distributed, self.meta, self.options())
+        report("phase", what=f"writing the {self.stage}", quiet_s=LONG_PHASE_S)
         epoch, position = divmod(step, per_epoch)
         s = self.settings
         state = {"step": step, "epoch": epoch, "batches_done_in_epoch": position, "seed": s["seed"],
@@ -272,6 +284,7 @@ class Run:
         self.keras.assign(self.names, values)
         path = self.keras.save(self.run_dir / "model.keras")
         batch = next(iter(data.batches(self.settings["seed"], 0, self.batch)))
+        report("phase", what="the emitted step's forward pass, for the check of model.keras", quiet_s=self.quiet_s())
         emitted = float(self.distributed.session.run(
             self.meta["loss_tensor"], feed_dict=dict(zip(self.meta["input_tensors"], batch)), options=self.options()))
         loaded = keras.models.load_model(path, compile=False)
@@ -284,8 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tag_core.train.trainer")
     parser.add_argument("settings", help="RUN_DIR/run.json as `tag train` wrote it")
     add_task_arguments(parser)
+    parser.add_argument("--direct", action="store_true",
+                        help="no servers: the step in this process's own session (tag_core.runtime.direct)")
     args = parser.parse_args(argv)
     exit_with_parent()
+    if args.direct:  # before TensorFlow starts a thread: every one it starts inherits the core
+        from tag_core.profile.timing import pin
+        from tag_core.runtime.local_cluster import pinnable_cores
+
+        pin(pinnable_cores()[:1], 1)
     settings = json.loads(Path(args.settings).read_text())
     from tag_core.errors import TagInputError
 
