@@ -11,7 +11,7 @@
    order, against plain Keras `fit` on one device fed the very same batches: validation accuracy after
    --epochs epochs and the first 20 step losses (Keras `train_on_batch`).
 3. Throughput on the same two tasks, medians of --repeats runs, with peak RSS: `tag train` with the TAG plan
-   fed from an .npz (mlp and small_cnn on digits, the 1-block transformer on a file of token sequences) against
+   (and with --servers pinned, where its step would otherwise run without servers) fed from an .npz (mlp and small_cnn on digits, the 1-block transformer on a file of token sequences) against
    Keras `fit` on one device (one pinned core, and both cores) and under MirroredStrategy,
    MultiWorkerMirroredStrategy and ParameterServerStrategy, with TF's custom loops where `fit` fails
    (benchmarks/keras_baselines.py), and against `tag run --measure` of the same plan on synthetic batches (the
@@ -239,15 +239,17 @@ def throughput(env: dict, work: Path, files: dict, plans: dict, topology: str, r
         tag(env, "emit", model, "--plan", plans[key], "--device-kind", "cpu", "--out", str(graph), "--force")
         for repeat in range(repeats):  # interleaved: a slow minute of the machine hits every row alike
             say(f"throughput: {model}, round {repeat + 1} of {repeats}")
-            run_dir = work / f"throughput_{key}_{repeat}"
-            run = tag(env, "train", model, "--plan", plans[key], "--data", data, "--steps", str(steps),
-                      "--checkpoint-every", "1000000", "--out", str(run_dir), "--json")
-            record = json.loads(run["out"])["run"]
-            rates = [v for s, v in logged(run_dir)["samples_per_second"] if s > 1]
-            rows.append({"model": model, "runner": "tag train (TAG plan)", "repeat": repeat,
-                         "samples_per_s": float(np.median(rates)), "mean_samples_per_s": record["samples_per_s"],
-                         "input_share": record["input_share"], "peak_rss_mib": run["peak_rss_mib"],
-                         "wall_s": run["wall_s"]})
+            for servers, runner in (("auto", "tag train (TAG plan)"), ("pinned", "tag train --servers pinned")):
+                run_dir = work / f"throughput_{key}_{servers}_{repeat}"
+                run = tag(env, "train", model, "--plan", plans[key], "--data", data, "--steps", str(steps),
+                          "--checkpoint-every", "1000000", "--servers", servers, "--out", str(run_dir), "--json")
+                printed = json.loads(run["out"])
+                record = printed["run"]
+                rates = [v for s, v in logged(run_dir)["samples_per_second"] if s > 1]
+                rows.append({"model": model, "runner": runner, "repeat": repeat,
+                             "samples_per_s": float(np.median(rates)), "mean_samples_per_s": record["samples_per_s"],
+                             "input_share": record["input_share"], "peak_rss_mib": run["peak_rss_mib"],
+                             "wall_s": run["wall_s"], "direct": printed["servers"] == "direct"})
             measured = tag(env, "run", str(graph), "--measure", "--steps", str(min(steps, 200)), "--json")
             timing = json.loads(measured["out"])["measurement"]
             batch = json.loads((graph / "plan.json").read_text())["batch_size"]
@@ -356,6 +358,8 @@ def markdown(report: dict) -> str:
         note = rows[0].get("note") or ""
         if "input_share" in rows[0]:
             note = f"input pipeline {_median(rows, 'input_share'):.1%} of the step"
+            if rows[0].get("direct"):
+                note += "; the step on one device, in the trainer's own session (no servers)"
         lines.append(f"| {model} | {runner} | {rate:,.0f} | {len(rows)} | {rss:.0f} | {note} |")
     lines += ["", "Ratios of the medians:", ""] + _ratios(groups) + [
         "", "Where the time of a `tag train` step goes, against Keras on one core: "

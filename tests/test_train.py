@@ -157,6 +157,7 @@ def test_a_step_on_one_device_runs_without_servers_and_computes_the_same(folder,
                               topology=parse_topology(LOCAL2), steps=PART, checkpoint_every=PART, servers=servers)
         assert runs[servers].ok, runs[servers].error
     assert runs["auto"].events.start["direct"] and not runs["pinned"].events.start["direct"]
+    assert (runs["auto"].servers, runs["pinned"].servers) == ("direct", "pinned")
     assert not any("pinned single-core TF server" in line for line in runs["auto"].lines)
     assert any("pinned single-core TF server" in line for line in runs["pinned"].lines)
     assert runs["auto"].losses == runs["pinned"].losses

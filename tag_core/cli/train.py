@@ -98,7 +98,7 @@ def run(args) -> int:
         finally:
             conn.close()
     if args.json:
-        print_json({"ok": result.ok, "error": result.error, "run": result.row})
+        print_json({"ok": result.ok, "error": result.error, "servers": result.servers, "run": result.row})
     elif result.row is not None:
         print(f"recorded run {result.row['run_id']} in training_runs ({result.wall_s:.1f} s in all)")
     if result.error and args.json:

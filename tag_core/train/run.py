@@ -50,6 +50,7 @@ class TrainResult:
     data: TrainingData
     emission: Any = field(repr=False)
     row: dict[str, Any] | None = None
+    servers: str | None = None  # where the step ran: "direct", "pinned", "shared" or "cluster"
 
     @property
     def losses(self) -> list[float]:
@@ -141,7 +142,7 @@ def train(spec: ModelSpec, run_dir: str | Path, data: str, *, plan: dict[str, An
     progress.close()
     result = TrainResult(ok=outcome.ok and progress.events.done is not None, run_dir=run_dir, error=outcome.error,
                          lines=outcome.lines, events=progress.events, first_step=first,
-                         wall_s=time.perf_counter() - start, data=training, emission=emission)
+                         wall_s=time.perf_counter() - start, data=training, emission=emission, servers=mode)
     if result.error is None and not result.ok:
         result.error = "the trainer ended without finishing"
     result.row = None if serving else training_row(result, emission, plan, plan_id, held_out, restored)
