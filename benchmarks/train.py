@@ -11,7 +11,8 @@
    order, against plain Keras `fit` on one device fed the very same batches: validation accuracy after
    --epochs epochs and the first 20 step losses (Keras `train_on_batch`).
 3. Throughput on the same two tasks, medians of --repeats runs, with peak RSS: `tag train` with the TAG plan
-   (and with --servers pinned, where its step would otherwise run without servers) fed from an .npz (mlp and small_cnn on digits, the 1-block transformer on a file of token sequences) against
+   (and with --servers pinned, where its step would otherwise run without servers) fed from an .npz (mlp
+   and small_cnn on digits, the 1-block transformer on a file of token sequences) against
    Keras `fit` on one device (one pinned core, and both cores) and under MirroredStrategy,
    MultiWorkerMirroredStrategy and ParameterServerStrategy, with TF's custom loops where `fit` fails
    (benchmarks/keras_baselines.py), and against `tag run --measure` of the same plan on synthetic batches (the
@@ -290,6 +291,16 @@ def _plan_summary(path: str) -> dict:
             "batch_shares": plan["strategy"]["batch_shares"]}
 
 
+def bench_home(prefix: str) -> tuple[dict, Path, dict]:
+    """(the children's environment, the work folder, the data files) under $TAG_HOME, else a fresh folder."""
+    home = Path(os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix=prefix))
+    env = {**os.environ, "TAG_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    os.environ["TAG_HOME"] = str(home)
+    work = home / "bench"
+    work.mkdir(parents=True, exist_ok=True)
+    return env, work, write_data(work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -297,12 +308,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="steps of each throughput run")
     parser.add_argument("--only", choices=("accuracy", "throughput"))
     args = parser.parse_args()
-    home = Path(os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix="tag-train-bench-"))
-    env = {**os.environ, "TAG_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    os.environ["TAG_HOME"] = str(home)
-    work = home / "bench"
-    work.mkdir(parents=True, exist_ok=True)
-    files = write_data(work)
+    env, work, files = bench_home("tag-train-bench-")
     start = time.perf_counter()
     topology, plans, mixed, setup = prepare(env, work, files)
     report: dict = {"machine": platform.node(), "cores": len(os.sched_getaffinity(0)), "setup": setup,

@@ -29,7 +29,6 @@ import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -213,8 +212,9 @@ def markdown(report: dict) -> str:
                          f"no one-process graph compares. {fixed}")
             continue
         added = row["step_ms"] - row["in_process_step_ms"]
+        faster = row["keras_single_step_ms"] / row["in_process_step_ms"]
         lines.append(f"- {row['model']}: the graph alone, in one process on one core, runs a step in "
-                     f"{row['in_process_step_ms']:.2f} ms, {row['keras_single_step_ms'] / row['in_process_step_ms']:.1f}x "
+                     f"{row['in_process_step_ms']:.2f} ms, {faster:.1f}x "
                      f"faster than Keras' {row['keras_single_step_ms']:.2f} ms; through the distributed runtime it "
                      f"takes {row['step_ms']:.2f} ms, {added:.2f} ms more. {fixed}")
     lines += ["", "Tracing slows a step (the traced step column), so device spans are upper bounds."]
@@ -231,14 +231,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--traced", type=int, default=50)
     args = parser.parse_args()
-    from train import prepare, say, write_data
+    from train import bench_home, prepare, say
 
-    home = Path(os.environ.get("TAG_HOME") or tempfile.mkdtemp(prefix="tag-trace-bench-"))
-    env = {**os.environ, "TAG_HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    os.environ["TAG_HOME"] = str(home)
-    work = home / "bench"
-    work.mkdir(parents=True, exist_ok=True)
-    files = write_data(work)
+    env, work, files = bench_home("tag-trace-bench-")
     _, plans, _, setup = prepare(env, work, files)
     rows = []
     for key, model in MODELS.items():

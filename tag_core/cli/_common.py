@@ -139,6 +139,32 @@ def add_model_timeout(parser, flag: str = "--timeout") -> None:
                              f"{MODEL_TIMEOUT_S:g})")
 
 
+def read_plan_source(args):
+    """(plan, strategy, topology, check) from the arguments of `add_plan_source`: a plan file with its topology,
+    a strategy file, or a strategy name; `check(model)` makes check_plan's check of a plan or strategy file."""
+    from tag_core.cluster.topology_json import load_topology
+    from tag_core.emit.emitter import plan_topology, read_plan
+    from tag_core.errors import TagInputError
+    from tag_core.search.strategy_files import is_strategy_file, read_plan_file
+
+    if args.strategy and not args.topology:
+        raise TagInputError("--topology", "is required with --strategy")
+    topology = load_topology(args.topology) if args.topology else None
+    plan, strategy, checked, where = None, args.strategy, None, None
+    if args.plan:
+        plan, strategy = read_plan(args.plan)
+        topology, checked, where = plan_topology(plan, topology), plan, f"--plan {args.plan}"
+    elif is_strategy_file(args.strategy):
+        checked, strategy = read_plan_file(args.strategy)
+        where = f"--strategy {args.strategy}"
+
+    def check(model: str) -> None:
+        if where is not None:
+            check_plan(checked, strategy, model, topology, where)
+
+    return plan, strategy, topology, check
+
+
 def add_plan_source(parser) -> None:
     """MODEL, then --plan or --strategy (one of them) and --topology: what `emit` and `train` work from."""
     parser.add_argument("model", help="zoo name or path/to/file.py:function")

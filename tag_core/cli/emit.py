@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import add_model_timeout, add_plan_source, check_plan, positive_int32, print_json
+from ._common import add_model_timeout, add_plan_source, positive_int32, print_json, read_plan_source
 
 
 def register(subparsers) -> None:
@@ -117,37 +117,27 @@ def _stored_fusion(args, model: str, graph_hash: str):
 
 def run(args) -> int:
     from tag_core.capture.models import resolve_model
-    from tag_core.cluster.topology_json import load_topology
-    from tag_core.emit.emitter import emit, plan_topology, read_plan
+    from tag_core.emit.emitter import emit
     from tag_core.emit.folder import write_emission
     from tag_core.emit.prediction import predict_emission
     from tag_core.errors import TagInputError
     from tag_core.files import output_folder
-    from tag_core.search.strategy_files import is_strategy_file, read_plan_file
 
     if args.strategy and not args.topology:
         raise TagInputError("--topology", "is required with --strategy")
     out = output_folder(args.out, "--out")
     if out.exists() and not args.force:
         raise TagInputError("--out", f"{out} exists; pass --force to replace it")
-    topology = load_topology(args.topology) if args.topology else None
     # A plan or strategy file is checked before the (slow) tracing, as simulate and sfb check theirs.
-    plan, strategy, where = None, args.strategy, None
-    if args.plan:
-        plan, chosen = read_plan(args.plan)
-        topology, checked, where = plan_topology(plan, topology), plan, f"--plan {args.plan}"
-    elif is_strategy_file(args.strategy):
-        checked, chosen = read_plan_file(args.strategy)
-        strategy, where = chosen, f"--strategy {args.strategy}"
+    plan, strategy, topology, check = read_plan_source(args)
     batch = args.batch_size
     # A plan's graph hash is of the step at the model's own batch: keep it, the plan says its batch.
     spec = resolve_model(args.model, None if plan is not None else batch, args.model_timeout)
-    if where is not None:
-        check_plan(checked, chosen, spec.name, topology, where)
+    check(spec.name)
     if plan is not None and batch is not None and plan.get("batch_size") not in (None, batch):
         raise TagInputError("--batch-size", f"the plan is for a batch of {plan['batch_size']}, not {batch}")
     profiles = _profiles(args, spec.name)
-    emission = emit(spec, topology, chosen if plan is not None else strategy, args.device_kind, plan=plan,
+    emission = emit(spec, topology, strategy, args.device_kind, plan=plan,
                     profiles=profiles, fusion=_fusion(args, spec.name))
     if args.fusion is not None:
         predicted = {"iteration_time_s": None, "why": "emitted with a fusion plan, which the prediction does not "

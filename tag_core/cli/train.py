@@ -55,14 +55,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from tag_core.capture.models import resolve_model
-    from tag_core.cluster.topology_json import load_topology
-    from tag_core.emit.emitter import plan_topology, read_plan
     from tag_core.errors import TagInputError
     from tag_core.files import output_folder
-    from tag_core.search.strategy_files import is_strategy_file, read_plan_file
     from tag_core.train.run import train
 
-    from ._common import check_plan, open_store
+    from ._common import open_store, read_plan_source
     from .emit import _profiles
 
     if args.strategy and not args.topology:
@@ -71,18 +68,11 @@ def run(args) -> int:
         raise TagInputError("--batch-size", "applies with --strategy; a plan has its own global batch")
     out = output_folder(args.out, "--out")
     open_store(args).close()  # a store that cannot be opened fails now, not after the training
-    topology = load_topology(args.topology) if args.topology else None
-    plan, strategy, checked, where = None, args.strategy, None, None
-    if args.plan:
-        plan, chosen = read_plan(args.plan)
-        topology, checked, where = plan_topology(plan, topology), plan, f"--plan {args.plan}"
-    elif is_strategy_file(args.strategy):
-        checked, chosen = read_plan_file(args.strategy)
-        strategy, where = chosen, f"--strategy {args.strategy}"
+    plan, strategy, topology, check = read_plan_source(args)
     spec = resolve_model(args.model, None, args.model_timeout)
-    if where is not None:
-        check_plan(checked, chosen, spec.name, topology, where)
-    result = train(spec, out, args.data, plan=plan, strategy=strategy, topology=topology, batch_size=args.batch_size,
+    check(spec.name)
+    result = train(spec, out, args.data, plan=plan, strategy=None if plan is not None else strategy,
+                   topology=topology, batch_size=args.batch_size,
                    validation=args.validation_data, steps=args.steps, epochs=args.epochs,
                    checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume, seed=args.seed,
                    device_kind=args.device_kind, cluster=args.cluster, task_index=args.task_index,
