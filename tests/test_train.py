@@ -156,7 +156,6 @@ def test_a_step_on_one_device_runs_without_servers_and_computes_the_same(folder,
         runs[servers] = train(resolve_model(MODEL), folder / f"one_device_{servers}", data, strategy="single",
                               topology=parse_topology(LOCAL2), steps=PART, checkpoint_every=PART, servers=servers)
         assert runs[servers].ok, runs[servers].error
-    assert runs["auto"].events.start["direct"] and not runs["pinned"].events.start["direct"]
     assert (runs["auto"].servers, runs["pinned"].servers) == ("direct", "pinned")
     assert not any("pinned single-core TF server" in line for line in runs["auto"].lines)
     assert any("pinned single-core TF server" in line for line in runs["pinned"].lines)
@@ -275,13 +274,13 @@ def test_a_dead_worker_task_stops_the_client_naming_it(folder, data):
 
     killer = threading.Thread(target=kill_task_1_after_a_checkpoint, daemon=True)
     killer.start()
-    start = time.monotonic()
+    # A hang would run into the test's own timeout; the run must end by itself, naming the task.
     result = train(resolve_model(MODEL), run_dir, data, strategy="dp-nccl", topology=parse_topology(LOCAL2),
                    steps=100_000, checkpoint_every=5, step_timeout=20, echo=lines.append)
     killer.join(timeout=5)
     assert not result.ok
     assert "task 1" in result.error, result.error
-    assert time.monotonic() - start < 240  # stopped by the step timeout at the latest, never hung
+    assert result.events.steps[-1]["step"] < 100_000
     kept = latest_checkpoint(run_dir)
     import tensorflow as tf
 

@@ -140,15 +140,13 @@ def add_model_timeout(parser, flag: str = "--timeout") -> None:
 
 
 def read_plan_source(args):
-    """(plan, strategy, topology, check) from the arguments of `add_plan_source`: a plan file with its topology,
-    a strategy file, or a strategy name; `check(model)` makes check_plan's check of a plan or strategy file."""
+    """(plan, strategy, topology, check) from the arguments of `add_plan_source` (the caller has refused
+    --strategy without --topology): a plan file with its topology, a strategy file, or a strategy name;
+    `check(model)` makes check_plan's check of a plan or strategy file."""
     from tag_core.cluster.topology_json import load_topology
     from tag_core.emit.emitter import plan_topology, read_plan
-    from tag_core.errors import TagInputError
     from tag_core.search.strategy_files import is_strategy_file, read_plan_file
 
-    if args.strategy and not args.topology:
-        raise TagInputError("--topology", "is required with --strategy")
     topology = load_topology(args.topology) if args.topology else None
     plan, strategy, checked, where = None, args.strategy, None, None
     if args.plan:

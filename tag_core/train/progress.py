@@ -47,9 +47,6 @@ class TrainingProgress:
         lines = [f"training on {event['devices']} devices of {event['tasks']} tasks ({event['ops']:,} ops): "
                  f"{event['rows']:,} rows, global batch {event['batch']}, {event['steps_per_epoch']} steps an epoch"
                  + (f" ({dropped} rows of the last partial batch dropped each epoch)" if dropped else "")]
-        if event.get("direct"):
-            lines.append("every op lies on one device of task 0: the step runs in the trainer's own session on one "
-                         "core, without servers (--servers pinned keeps them)")
         if event.get("resumed_from"):
             lines.append(f"resumed from {event['resumed_from']} at step {event['first_step']}")
         if self.show_bar and event["steps"] > event["first_step"]:

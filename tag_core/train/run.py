@@ -136,6 +136,9 @@ def train(spec: ModelSpec, run_dir: str | Path, data: str, *, plan: dict[str, An
         command += ["--cluster", str(cluster), "--task-index", str(task_index)]
     progress = TrainingProgress(show_progress, batch)
     say = echo or progress.echo
+    if mode == "direct":
+        say("every op lies on one device of task 0: the step runs in the trainer's own session on one core, "
+            "without servers (--servers pinned keeps them)")
     serving = cluster is not None and task_index != 0
     quiet = None if serving else STARTUP_S + FIRST_STEP_EXTRA_S + 2 * step_timeout
     outcome = run_child(command, meta, mode, say, None, step_timeout, handle=progress, silence_s=quiet)

@@ -163,9 +163,7 @@ class Run:
         total = s["steps"]
         report("start", tasks=len(self.meta["tasks"]), devices=sum(self.meta["tasks"]), ops=len(graph_def.node),
                batch=self.batch, rows=data.rows, steps_per_epoch=per_epoch, dropped=data.rows - per_epoch * self.batch,
-               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu,
-               direct=bool(self.args.direct),
-               quiet_s=self.quiet_s(first=True))
+               first_step=step, steps=total, resumed_from=resume, gpu_as_cpu=on_cpu, quiet_s=self.quiet_s(first=True))
         self.stage, self.step = "initialising variables", step
         try:
             self.distributed.initialise(values, self.options(first=True))
