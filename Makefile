@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 
-.PHONY: install test test-fast demo benchmarks clean
+.PHONY: install test test-fast demo benchmarks clean cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -36,6 +36,16 @@ demo: install
 
 benchmarks: install
 	$(PY) benchmarks/capture_profile.py
+
+# Cluster mode on this machine (docs/dagster.md): PostgreSQL, Redis, the Dagster daemon and webserver and
+# CLUSTER_WORKERS Celery workers, on loopback, data under .cluster/; then `source .cluster/env`.
+# Needs Debian's postgresql and redis-server packages (apt-get install postgresql redis-server).
+CLUSTER_WORKERS ?= 2
+cluster-up: install
+	$(PY) -m tag_pipelines.local_cluster up --workers $(CLUSTER_WORKERS)
+
+cluster-down:
+	$(PY) -m tag_pipelines.local_cluster down
 
 clean:
 	rm -rf $(VENV) .tag .pytest_cache

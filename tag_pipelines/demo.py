@@ -25,11 +25,14 @@ from dagster import DagsterInstance
 from tag_core import store
 from tag_core.capture import BENCHMARK_MODELS, load_registry, registry_path, split_models
 from tag_core.cluster import topology_directory
+from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
 from tag_core.report import build_report, format_table, plan_table_rows
+from tag_pipelines.celery_config import broker_url, check_broker
 from tag_pipelines.demo_runs import DEMO_TAG, run_all
 from tag_pipelines.devserver import ROOT, prepare_dagster_home
 from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
+from tag_pipelines.resources import environment
 
 DEMO_MODELS = ["mlp", "small_cnn", "transformer[layers=1,d_model=128,heads=4,ff=256,vocab=1000,seq_len=16]"]
 # The demo plans fusion from the cost model, without XLA-timing every pattern (`tune`, 40% of the demo's time
@@ -64,17 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                         help=f"partitions materialized at once (default: {DEFAULT_WORKERS}, the cores up to 4)")
     parser.add_argument("--executor", choices=["in_process", "multiprocess"], default="in_process",
-                        help="each run's executor (multiprocess starts a process per stage: slower here)")
+                        help="each run's executor (multiprocess starts a process per stage: slower here); "
+                             "with TAG_ENV=cluster the runs' steps go to the Celery workers instead")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    try:
+        if environment() == "cluster":
+            args.executor = "celery"
+            if not os.environ.get("DAGSTER_HOME"):
+                raise TagInputError("DAGSTER_HOME", "not set; TAG_ENV=cluster uses the instance of .cluster/env")
+            check_broker(broker_url(), store.store_wait_s())
+    except TagInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     models = BENCHMARK_MODELS if args.full else (split_models(args.models) if args.models else DEMO_MODELS)
     started = time.monotonic()
 
-    os.environ.setdefault("DAGSTER_HOME", str((ROOT / ".dagster_home").resolve()))
     os.environ["TAG_HOME"] = str(store.tag_home().resolve())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
+    if args.executor != "celery":  # cluster mode's instance is the one `make cluster-up` set up
+        os.environ.setdefault("DAGSTER_HOME", str((ROOT / ".dagster_home").resolve()))
+        prepare_dagster_home(Path(os.environ["DAGSTER_HOME"]))
 
     register_models(models)
     watched = topology_directory()

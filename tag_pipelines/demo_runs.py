@@ -58,9 +58,11 @@ def _repository():
 
 
 def run_config(stages: tuple[str, ...], asset_config: dict[str, dict], executor: str) -> dict[str, Any]:
+    # The celery executor is the job's own (cluster mode), configured once in tag_pipelines.celery_config.
+    execution = {} if executor == "celery" else {"execution": {"config": {executor: {}}}}
     return {
         "ops": {op: {"config": c} for op, c in asset_config.items() if op in stages},
-        "execution": {"config": {executor: {}}},
+        **execution,
         # The demo prints its own progress from the event log; Dagster's console keeps to warnings.
         "loggers": {"console": {"config": {"log_level": "WARNING"}}},
     }

@@ -112,6 +112,9 @@ def cluster_env(root: Path, postgres: str, broker: str) -> dict[str, str]:
         "TAG_CELERY_BROKER": broker,
         "TAG_ARTIFACTS": str((root / "artifacts").resolve()),
         "DAGSTER_HOME": str((root / "dagster_home").resolve()),
+        # What the sensors watch and the model and topology stages read: inputs every machine shares.
+        "TAG_TOPOLOGY_DIR": str((root / "inputs" / "topologies").resolve()),
+        "TAG_MODELS_FILE": str((root / "inputs" / "models.yaml").resolve()),
     }
 
 

@@ -5,9 +5,12 @@
     TAG_ENV=ci      a throwaway run, e.g. on a 2-core CI machine: `duckdb` on `$TAG_HOME/tag.duckdb`
                     with TAG_HOME required (so nothing lands in the clone); a short profile
                     (batch sizes 1, 2; 2 runs after 1 warm-up): it checks the flow, not the timings
+    TAG_ENV=cluster many machines (`make cluster-up`, docs/dagster.md): the store on the PostgreSQL server
+                    TAG_STORE names, artifacts under TAG_ARTIFACTS, and a run's steps on Celery workers
+                    (tag_pipelines.celery_config); the profiler at its defaults
 
 Both use the same resource types, so the assets cannot tell them apart. Any other value of
-TAG_ENV fails the load with one line: `TAG_ENV: 'prod' is not an environment; use one of: local, ci`.
+TAG_ENV fails the load with one line: `TAG_ENV: 'prod' is not an environment; use one of: local, ci, cluster`.
 
 `profiling` holds the profiler's settings so a run's config can change them, e.g.
 
@@ -50,6 +53,8 @@ def duckdb_resource(database: str | Path | None = None) -> DuckDBResource:
     The path is made absolute here so that run workers started elsewhere
     (another cwd) still write the same file.
     """
+    if database is None and os.environ.get("TAG_STORE", "").strip():  # a server's URL, as `tag` commands use
+        return DuckDBResource(database=os.environ["TAG_STORE"].strip())
     path = Path(database) if database is not None else store.default_database()
     return DuckDBResource(database=str(path.resolve()))
 
@@ -66,7 +71,28 @@ def ci_resources(database: str | Path | None = None) -> dict[str, Any]:
     return {"duckdb": duckdb_resource(database), "profiling": ProfilingSettings(batch_sizes=[1, 2], runs=2, warmup=1)}
 
 
-RESOURCES_BY_ENV: dict[str, Callable[..., dict[str, Any]]] = {"local": local_resources, "ci": ci_resources}
+def cluster_resources(database: str | Path | None = None) -> dict[str, Any]:
+    """Many machines: the store on TAG_STORE's PostgreSQL server (the resource holds its URL)."""
+    url = str(database) if database is not None else os.environ.get("TAG_STORE", "")
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise TagInputError("TAG_STORE", f"{ENV_VAR}=cluster needs a postgresql:// URL (source .cluster/env), "
+                            f"got {url!r}")
+    return {"duckdb": DuckDBResource(database=url), "profiling": ProfilingSettings()}
+
+
+RESOURCES_BY_ENV: dict[str, Callable[..., dict[str, Any]]] = {
+    "local": local_resources, "ci": ci_resources, "cluster": cluster_resources}
+
+
+def executor_for(env: str | None = None):
+    """The executor of environment `env`: Celery in cluster mode, else Dagster's default."""
+    if environment(env) != "cluster":
+        return None
+    from dagster_celery import celery_executor
+
+    from .celery_config import executor_config
+
+    return celery_executor.configured(executor_config(), name="celery")
 
 
 def environment(name: str | None = None) -> str:
