@@ -23,7 +23,12 @@ from pathlib import Path
 from dagster import DagsterInstance
 
 from tag_core import store
-from tag_core.capture import BENCHMARK_MODELS, load_registry, registry_path, split_models
+from tag_core.capture import (
+    BENCHMARK_MODELS,
+    load_registry,
+    registry_path,
+    split_models,
+)
 from tag_core.cluster import topology_directory
 from tag_core.errors import TagInputError
 from tag_core.files import write_atomically
@@ -31,7 +36,11 @@ from tag_core.report import build_report, format_table, plan_table_rows
 from tag_pipelines.celery_config import broker_url, check_broker
 from tag_pipelines.demo_runs import DEMO_TAG, run_all
 from tag_pipelines.devserver import ROOT, prepare_dagster_home
-from tag_pipelines.partitions import model_partitions, model_topology_partitions, topology_partitions
+from tag_pipelines.partitions import (
+    model_partitions,
+    model_topology_partitions,
+    topology_partitions,
+)
 from tag_pipelines.resources import environment
 
 DEMO_MODELS = ["mlp", "small_cnn", "transformer[layers=1,d_model=128,heads=4,ff=256,vocab=1000,seq_len=16]"]

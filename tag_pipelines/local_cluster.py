@@ -72,7 +72,7 @@ def stop_postgres(folder: Path) -> None:
     data = folder / "data"
     if (data / "postmaster.pid").exists():
         subprocess.run(_as_server_user([postgres_bin("pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
-                       capture_output=True)
+                       capture_output=True, check=False)
 
 
 def start_redis(folder: Path, port: int) -> str:
@@ -118,13 +118,17 @@ def cluster_env(root: Path, postgres: str, broker: str) -> dict[str, str]:
     }
 
 
-def up(root: Path, workers: int) -> dict[str, str]:
+def up(root: Path, workers: int, with_dagster: bool = True, visibility_s: int | None = None) -> dict[str, str]:
+    """Start everything (`with_dagster=False`: no daemon or webserver, for tests that launch runs themselves)
+    and write `root/env`; the settings it holds."""
     root = root.resolve()
     if (root / "env").exists():
         raise TagInputError(str(root / "env"), "exists: the cluster is up already; `make cluster-down` first")
     postgres = start_postgres(root / "postgres", free_port())
     broker = start_redis(root / "redis", free_port())
     settings = cluster_env(root, postgres, broker)
+    if visibility_s is not None:
+        settings["TAG_CELERY_VISIBILITY_S"] = str(visibility_s)
     home = Path(settings["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "deploy" / "cluster" / "dagster.yaml", home / "dagster.yaml")
@@ -132,10 +136,11 @@ def up(root: Path, workers: int) -> dict[str, str]:
     env = {**os.environ, **settings}
     bin_dir = Path(sys.executable).parent
     port = free_port()
-    spawn([str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, root / "logs" / "daemon.log",
-          root / "pids" / "daemon.pid")
-    spawn([str(bin_dir / "dagster-webserver"), "-w", "workspace.yaml", "-h", HOST, "-p", str(port)], env,
-          root / "logs" / "webserver.log", root / "pids" / "webserver.pid")
+    if with_dagster:
+        spawn([str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"], env, root / "logs" / "daemon.log",
+              root / "pids" / "daemon.pid")
+        spawn([str(bin_dir / "dagster-webserver"), "-w", "workspace.yaml", "-h", HOST, "-p", str(port)], env,
+              root / "logs" / "webserver.log", root / "pids" / "webserver.pid")
     for index in range(1, workers + 1):
         worker_home = root / "workers" / str(index)  # each its own TAG_HOME: only the store and artifacts shared
         worker_home.mkdir(parents=True, exist_ok=True)
@@ -143,8 +148,9 @@ def up(root: Path, workers: int) -> dict[str, str]:
               root / "logs" / f"worker-{index}.log", root / "pids" / f"worker-{index}.pid")
     lines = [f"export {key}={shlex.quote(value)}" for key, value in settings.items()]
     write_atomically(root / "env", "# written by `make cluster-up`; `source` it\n" + "\n".join(lines) + "\n")
-    print(f"cluster up under {root}: PostgreSQL {postgres}, Redis {broker}, {workers} Celery worker(s), "
-          f"webserver http://{HOST}:{port}\nsource {root / 'env'}")
+    web = f", webserver http://{HOST}:{port}" if with_dagster else ""
+    print(f"cluster up under {root}: PostgreSQL {postgres}, Redis {broker}, {workers} Celery worker(s){web}\n"
+          f"source {root / 'env'}")
     return settings
 
 
@@ -197,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--workers", type=int, default=2, help="Celery workers to start (default 2)")
     parser.add_argument("--root", type=Path, default=ROOT / ".cluster", help="where data, logs and pids go")
+    parser.add_argument("--visibility-s", type=int, help="seconds before a lost worker's step goes to another "
+                        "(TAG_CELERY_VISIBILITY_S; default 900: longer than any step)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers: must be at least 1")
     try:
-        up(args.root, args.workers) if args.action == "up" else down(args.root)
+        up(args.root, args.workers, visibility_s=args.visibility_s) if args.action == "up" else down(args.root)
     except TagInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
