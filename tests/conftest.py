@@ -22,6 +22,9 @@ SESSION_HOME = Path(tempfile.mkdtemp(prefix="tag-tests-"))
 os.environ["TAG_HOME"] = str(SESSION_HOME / "tag_home")
 os.environ["DAGSTER_HOME"] = str(SESSION_HOME / "dagster_home")
 os.environ["TAG_MODELS_FILE"] = str(SESSION_HOME / "models.yaml")
+# One artifact root for the session, as workers share one: a store copied into a test's TAG_HOME still
+# finds the steps it names (content-addressed, so tests never clash there).
+os.environ["TAG_ARTIFACTS"] = str(SESSION_HOME / "artifacts")
 (SESSION_HOME / "dagster_home").mkdir()
 
 

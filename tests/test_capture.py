@@ -91,13 +91,14 @@ def test_transformer_options_capture():
 @pytest.mark.slow
 def test_big_models_trace_other_batch_sizes_in_a_child_process(tag_home):
     from tag_core.capture import ensure_step_files
-    from tag_core.capture.steps import CHILD_TRACE_BYTES
+    from tag_core.capture.steps import CHILD_TRACE_BYTES, capture_folder
 
     spec = resolve_model("mlp[features=6,hidden=4]", batch_size=4)
     conn = store.connect()
     graph = capture_model(conn, spec)
     files = ensure_step_files(spec, [3, 4], state_bytes=CHILD_TRACE_BYTES + 1)
-    assert str(files[4]) == store.captured_model(conn, spec.name)["step_file"]
+    assert files[4] == capture_folder(spec.name) / "step_b4.json"  # the capture's own, not traced again
+    assert load_step(store.captured_model(conn, spec.name)["step_file"]).batch_size == 4  # its published copy
     child = load_step(files[3])
     assert child.batch_size == 3 and [v.name for v in child.variables] == [v.name for v in graph.variables]
 

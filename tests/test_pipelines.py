@@ -13,8 +13,8 @@ from dagster import DagsterInstance, instance_for_test, materialize
 
 from assets.capture import training_graph
 from assets.profiling import op_profiles
-from tag_core import store
-from tag_core.capture import resolve_model
+from tag_core import artifacts, store
+from tag_core.capture import load_step, resolve_model
 from tag_core.errors import TagInputError
 from tag_pipelines.definitions import defs
 from tag_pipelines.partitions import model_partitions, model_topology_partitions
@@ -73,7 +73,8 @@ def test_assets_materialize_into_duckdb(tag_home: Path, instance: DagsterInstanc
     assert graph_meta["parameters"].value == 16 * 8 + 8 + 8 * 8 + 8 + 8 * 10 + 10
     assert graph_meta["flops_per_step"].value > 0
     assert Path(graph_meta["graph_file"].value).is_file()
-    assert Path(graph_meta["graph_file"].value).is_relative_to(tag_home)
+    assert Path(graph_meta["graph_file"].value).is_relative_to(artifacts.root())  # where any worker reads it
+    assert load_step(record["step_file"]).batch_size == record["batch_size"]
     graph_event = instance.get_latest_materialization_event(training_graph.key)
     assert graph_event.asset_materialization.tags["dagster/data_version"] == record["graph_hash"]
 

@@ -6,7 +6,7 @@
 from dagster import AssetExecutionContext, DataVersion, MaterializeResult, MetadataValue, asset
 from dagster_duckdb import DuckDBResource
 
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.capture import capture_model, resolve_model, save_op_graph
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import model_partitions
@@ -20,7 +20,8 @@ from tag_pipelines.resources import open_store, scratch_store
 )
 def training_graph(context: AssetExecutionContext, duckdb: DuckDBResource) -> MaterializeResult:
     """One training step (forward, loss, gradients, Adam update) as an OpGraph in the
-    `ops`/`edges` tables, plus its GraphDef file under $TAG_HOME/captures."""
+    `ops`/`edges` tables, plus its GraphDef and step files under TAG_ARTIFACTS (the store keeps their
+    addresses: any worker reads them)."""
     with input_errors_as_failures():
         spec = resolve_model(context.partition_key)
         with scratch_store() as scratch:  # trace without the shared store: minutes for a large model
@@ -40,7 +41,8 @@ def training_graph(context: AssetExecutionContext, duckdb: DuckDBResource) -> Ma
             "flops_per_step": summary["flops_per_step"],
             "batch_size": summary["batch_size"],
             "graph_hash": summary["hash"],
-            "graph_file": MetadataValue.path(record["graph_file"]),
+            "graph_file": MetadataValue.path(artifacts.url(record["graph_file"])),
+            "step_file": MetadataValue.text(record["step_file"]),  # the address, as the store holds it
         },
         # Downstream assets are stale only when the graph itself changed.
         data_version=DataVersion(summary["hash"]),

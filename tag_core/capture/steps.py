@@ -1,8 +1,9 @@
 """Captured training steps on disk and in the store.
 
 `capture_model` traces a model, writes its runnable GraphDef and step metadata
-under `$TAG_HOME/captures/<model>/`, and stores the OpGraph in DuckDB in one
-transaction. Later stages read these instead of tracing again.
+under `$TAG_HOME/captures/<model>/`, puts both under TAG_ARTIFACTS (tag_core.artifacts)
+and stores the OpGraph, with the step's artifact addresses, in one transaction.
+Later stages, on any worker, read these instead of tracing again.
 
 Tracing runs in a child process (`python -m tag_core.capture`) whenever the spec
 can be made again there from its reference: Keras and TF keep the model's and
@@ -21,7 +22,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.files import write_atomically
 
 from .graph import Edge, Op, OpGraph, Variable, capture, op_graph_from_json, records
@@ -57,13 +58,16 @@ def save_step(step: TracedStep, folder: Path) -> tuple[Path, Path]:
 
 
 def load_step(meta_file: str | Path) -> TracedStep:
-    """A stored step, runnable in a Session (no Keras objects, no shapes or flops)."""
+    """A stored step, runnable in a Session (no Keras objects, no shapes or flops). `meta_file` is an artifact
+    address (what the store holds) or a local path (the capture folder, or an older TAG's store)."""
     import tensorflow as tf
 
-    meta_file = Path(meta_file)
+    meta_file = artifacts.fetch(meta_file)
     meta = json.loads(meta_file.read_text())
+    graph_file = meta["graph_file"]  # an address once published, a name beside the metadata before
+    graph_path = artifacts.fetch(graph_file) if artifacts.is_address(graph_file) else meta_file.parent / graph_file
     graph_def = tf.compat.v1.GraphDef()
-    graph_def.ParseFromString((meta_file.parent / meta["graph_file"]).read_bytes())
+    graph_def.ParseFromString(graph_path.read_bytes())
     variables = [TracedVariable(**{**v, "shape": tuple(v["shape"])}) for v in meta["variables"]]
     return TracedStep(
         model=meta["model"],
@@ -84,9 +88,26 @@ def capture_folder(model: str) -> Path:
     return (store.tag_home() / "captures" / model_slug(model)).resolve()
 
 
+def publish_step(spec: ModelSpec, meta_file: Path) -> tuple[str, str]:
+    """Put a traced step's GraphDef and metadata under TAG_ARTIFACTS, the metadata naming the GraphDef by
+    its address, and point the step's ref at it; (graph address, metadata address)."""
+    meta = json.loads(meta_file.read_text())
+    graph_address = artifacts.put_file(meta_file.parent / meta["graph_file"])
+    step_address = artifacts.put_bytes(json.dumps({**meta, "graph_file": graph_address}, indent=1).encode(),
+                                       meta_file.name)
+    artifacts.set_ref(_step_ref(spec, meta["batch_size"]), step_address)
+    return graph_address, step_address
+
+
+def _step_ref(spec: ModelSpec, batch: int) -> str:
+    # By source hash: a worker never takes the step of another version of the model.
+    return f"steps/{model_slug(spec.name)}/{model_source_hash(spec)}/b{batch}"
+
+
 def capture_model(conn, spec: ModelSpec, batches: list[int] = ()) -> OpGraph:
-    """Trace `spec`, write its step files (and those of `batches`, from the same build), and store its
-    OpGraph. Returns the OpGraph. In a child process when the spec can be made there (see `in_child`)."""
+    """Trace `spec`, write its step files (and those of `batches`, from the same build), publish them
+    and store its OpGraph. Returns the OpGraph. In a child process when the spec can be made there (see
+    `in_child`)."""
     folder = capture_folder(spec.name)
     if in_child(spec):
         result = _run_child(spec, folder, list(batches), capture=True)
@@ -94,7 +115,11 @@ def capture_model(conn, spec: ModelSpec, batches: list[int] = ()) -> OpGraph:
     else:
         result = capture_here(spec, folder, list(batches))
         graph = result["graph"]
-    save_op_graph(conn, graph, result["source_hash"], result["graph_file"], result["step_file"])
+    for batch in dict.fromkeys(batches):
+        if batch != spec.batch_size:
+            publish_step(spec, folder / f"step_b{batch}.json")
+    graph_address, step_address = publish_step(spec, Path(result["step_file"]))
+    save_op_graph(conn, graph, result["source_hash"], graph_address, step_address)
     return graph
 
 
@@ -168,7 +193,7 @@ def ensure_captured(conn, spec: ModelSpec, batches: list[int] = ()) -> OpGraph:
         and record["batch_size"] == spec.batch_size
         and record["source_hash"] == model_source_hash(spec)
         and record["step_file"]
-        and Path(record["step_file"]).exists()
+        and artifacts.exists(record["step_file"])
     )
     if fresh:
         return load_op_graph(conn, spec.name)
@@ -180,7 +205,8 @@ CHILD_TRACE_BYTES = 256 * 2**20
 
 
 def ensure_step_files(spec: ModelSpec, batch_sizes: list[int], state_bytes: int = 0) -> dict[int, Path]:
-    """Step metadata files for each batch size, tracing the missing ones.
+    """Step metadata files for each batch size: the capture folder's, else the published step's local copy,
+    else traced here (and published).
 
     Tracing needs the Keras model and optimizer state in memory (1.7 GB for VGG19), which only the end of a
     process gives back. A child process traces unless the spec cannot be made there (`in_child`) or the model
@@ -188,6 +214,10 @@ def ensure_step_files(spec: ModelSpec, batch_sizes: list[int], state_bytes: int 
     """
     folder = capture_folder(spec.name)
     files = {batch: folder / f"step_b{batch}.json" for batch in batch_sizes}
+    for batch, path in files.items():
+        address = None if path.exists() else artifacts.get_ref(_step_ref(spec, batch))
+        if address is not None and artifacts.exists(address):
+            files[batch] = artifacts.fetch(address)
     missing = [batch for batch, path in files.items() if not path.exists()]
     if not missing:
         return files
@@ -196,6 +226,8 @@ def ensure_step_files(spec: ModelSpec, batch_sizes: list[int], state_bytes: int 
         _run_child(spec, folder, missing, capture=False)
     else:
         trace_batches(spec, missing, folder)
+    for batch in missing:
+        publish_step(spec, files[batch])
     return files
 
 
