@@ -149,6 +149,20 @@ def test_the_default_root_is_under_tag_home(tag_home, monkeypatch):
     assert Path(artifacts.root()) == (tag_home / "artifacts").resolve()
 
 
+def test_the_gnn_checkpoint_reaches_a_worker_with_an_empty_home(tmp_path, monkeypatch):
+    from tag_core.gnn.prior import current_checkpoint, publish_checkpoint, trained_checkpoint
+
+    monkeypatch.setenv("TAG_ARTIFACTS", str(tmp_path / "shared"))
+    new_home(tmp_path, monkeypatch, "a")
+    assert current_checkpoint() is None
+    trained_checkpoint().parent.mkdir(parents=True)
+    trained_checkpoint().write_bytes(b"weights")
+    assert current_checkpoint() == trained_checkpoint()  # an older TAG's file, before any publishing
+    publish_checkpoint(trained_checkpoint())
+    new_home(tmp_path, monkeypatch, "b")
+    assert current_checkpoint().read_bytes() == b"weights"
+
+
 @pytest.mark.slow  # a capture and a profiling child: TF start-ups
 def test_profiling_runs_on_a_worker_with_an_empty_home(tmp_path, monkeypatch):
     from tag_core.capture import capture_model, resolve_model, steps

@@ -14,9 +14,9 @@ from assets.cluster import cluster_topology
 from assets.gnn import gnn_checkpoint
 from assets.planning import deployment_plan, op_groups
 from assets.profiling import op_profiles
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.gnn.checkpoint import load_checkpoint
-from tag_core.gnn.prior import trained_checkpoint
+from tag_core.gnn.prior import CHECKPOINT_REF, trained_checkpoint
 from tag_pipelines.partitions import model_partitions, topology_partitions
 from tag_pipelines.resources import build_resources
 
@@ -33,6 +33,7 @@ TRAIN = {"ops": {"gnn_checkpoint": {"config": {"models": [MODEL], "generations":
 def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DagsterInstance]:
     monkeypatch.setenv("TAG_HOME", str(tmp_path / "tag_home"))
     monkeypatch.setenv("TAG_GNN_CHECKPOINT", "")  # only the asset's checkpoint may guide plans here
+    monkeypatch.setenv("TAG_ARTIFACTS", str(tmp_path / "artifacts"))  # its checkpoint ref is this test's alone
     (tmp_path / "topologies").mkdir()
     (tmp_path / "topologies" / "small.json").write_text(json.dumps(TOPOLOGY))
     monkeypatch.setenv("TAG_TOPOLOGY_DIR", str(tmp_path / "topologies"))
@@ -72,6 +73,7 @@ def test_checkpoint_asset_trains_and_plans_record_it(instance: DagsterInstance) 
     assert meta["checkpoint_hash"].value == digest and meta["generations"].value == 1
     assert meta["training_curve"].value.startswith("![training curve](data:image/png;base64,")
     assert len(meta["curve"].value) == 1 and meta["fine_tuned_from"].value == "none"
+    assert artifacts.get_ref(CHECKPOINT_REF) == meta["artifact"].value  # what any worker's plans read
 
     lineage = _lineage(instance, {"budget_iterations": 4})
     assert lineage["prior"] == "gnn" and lineage["checkpoint"] == digest

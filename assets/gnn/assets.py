@@ -3,7 +3,8 @@
 Unpartitioned, and materialized by hand: training takes minutes of CPU, so no
 upstream change starts it (its automation condition never fires: it has no deps).
 It reads the captured graphs and profiles of the configured models from the store and
-writes $TAG_HOME/gnn/checkpoint.pt, which deployment_plan then prefers over the
+writes $TAG_HOME/gnn/checkpoint.pt, then publishes it under TAG_ARTIFACTS (ref
+`refs/gnn/checkpoint`), which deployment_plan, on any worker, then prefers over the
 shipped data/checkpoints/default.pt.
 """
 
@@ -46,16 +47,17 @@ class GnnTrainConfig(Config):
 @asset(group_name="plan", kinds={"pytorch"},
        automation_condition=AutomationCondition.any_deps_updated())
 def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, config: GnnTrainConfig) -> MaterializeResult:
-    """GNN weights ($TAG_HOME/gnn/checkpoint.pt) trained AlphaZero-style on MCTS visit counts, with its curve."""
+    """GNN weights (published under TAG_ARTIFACTS as refs/gnn/checkpoint) trained AlphaZero-style on MCTS visit counts, with its curve."""
     from tag_core.gnn.checkpoint import load_checkpoint
-    from tag_core.gnn.prior import trained_checkpoint
+    from tag_core.gnn.prior import current_checkpoint, publish_checkpoint, trained_checkpoint
     from tag_core.gnn.problems import ModelSource
     from tag_core.gnn.train import TrainConfig, train
     from tag_core.report import training_curve
 
     with input_errors_as_failures():
         path = trained_checkpoint()
-        resume = load_checkpoint(path, where="gnn_checkpoint") if config.fine_tune and path.exists() else None
+        previous = current_checkpoint() if config.fine_tune else None  # another worker's, maybe
+        resume = load_checkpoint(previous, where="gnn_checkpoint") if previous is not None else None
         names = [resolve_model(m).name for m in config.models]
         with open_store(duckdb) as conn:
             missing = [n for n in names if store.captured_model(conn, n) is None]
@@ -68,10 +70,12 @@ def gnn_checkpoint(context: AssetExecutionContext, duckdb: DuckDBResource, confi
         sources = {n: ModelSource.build(n, g, p, cfg.groups) for n, (g, p) in loaded.items()}
         digest, training, metrics = train(cfg, sources, path, resume=resume, show_progress=False,
                                           log=context.log.info)
+        address = publish_checkpoint(path)
     curve = training_curve(metrics)
     return MaterializeResult(
         metadata={
             "path": MetadataValue.path(str(path)),
+            "artifact": MetadataValue.text(address),
             "checkpoint_hash": digest[:16],
             "size_mb": path.stat().st_size / 1e6,
             "generations": training["generations"],

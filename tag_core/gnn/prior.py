@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tag_core import artifacts
 from tag_core.errors import TagInputError
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "default.pt"
@@ -170,15 +171,38 @@ def choose_prior(kind: str | None = None, checkpoint: str | Path | None = None) 
 
 
 def trained_checkpoint() -> Path:
-    """Where the `gnn_checkpoint` asset writes: $TAG_HOME/gnn/checkpoint.pt."""
+    """Where the `gnn_checkpoint` asset writes before publishing: $TAG_HOME/gnn/checkpoint.pt."""
     from tag_core.store.connection import tag_home
 
     return tag_home() / "gnn" / "checkpoint.pt"
 
 
+# The ref under TAG_ARTIFACTS that names the `gnn_checkpoint` asset's latest checkpoint, for every worker.
+CHECKPOINT_REF = "gnn/checkpoint"
+
+
+def publish_checkpoint(path: Path) -> str:
+    """Put the checkpoint at `path` under TAG_ARTIFACTS and make it the current one; its address."""
+    address = artifacts.put_file(path, "checkpoint.pt")
+    artifacts.set_ref(CHECKPOINT_REF, address)
+    return address
+
+
+def current_checkpoint() -> Path | None:
+    """A local copy of the `gnn_checkpoint` asset's latest checkpoint: the ref's artifact, else the file an
+    older TAG left in $TAG_HOME/gnn/, else None."""
+    address = artifacts.get_ref(CHECKPOINT_REF)
+    if address is not None:
+        return artifacts.fetch(address)
+    old = trained_checkpoint()
+    return old if old.exists() else None
+
+
 def pipeline_prior(kind: str = "auto") -> PriorChoice:
-    """The deployment_plan asset's prior: the `gnn_checkpoint` asset's file when it exists, else `choose_prior`."""
+    """The deployment_plan asset's prior: the `gnn_checkpoint` asset's checkpoint when there is one, else
+    `choose_prior`."""
     kind_or_none = None if kind == "auto" else kind
-    if kind_or_none != "uniform" and trained_checkpoint().exists():
-        return load_prior(trained_checkpoint(), "gnn_checkpoint")
+    current = current_checkpoint() if kind_or_none != "uniform" else None
+    if current is not None:
+        return load_prior(current, "gnn_checkpoint")
     return choose_prior(kind_or_none)
