@@ -155,3 +155,34 @@ def user_model_file(tmp_path):
         )
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """A real PostgreSQL server for the session (Debian's `postgresql` package; .ci/run installs it), on
+    loopback with its data in a temporary folder; its URL without a database."""
+    from tag_pipelines import local_cluster
+    from tag_pipelines.devserver import free_port
+
+    try:
+        local_cluster.postgres_bin("initdb")
+    except Exception as exc:  # noqa: BLE001 - a machine without the server package
+        pytest.skip(f"no PostgreSQL server binaries ({exc}); apt-get install postgresql")
+    folder = Path(tempfile.mkdtemp(prefix="tag-postgres-"))
+    base = local_cluster.start_postgres(folder, free_port())
+    yield base
+    local_cluster.stop_postgres(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> str:
+    """A new, empty database on the session's server, for one test."""
+    import uuid
+
+    import psycopg
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{postgres_server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{postgres_server}/{name}"

@@ -26,10 +26,6 @@ from tag_pipelines.resources import build_resources
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-if not hasattr(store, "copy_tables"):  # the store on PostgreSQL (issue 46, part 1) has not landed yet
-    pytest.skip("needs tag_core.store on PostgreSQL (TAG_STORE=postgresql://…), not built yet",
-                allow_module_level=True)
-
 MODEL = "mlp[features=8,hidden=8]"
 TOPOLOGIES = {
     "two-boxes": {"name": "two-boxes", "inter_gbps": 25, "machines": [

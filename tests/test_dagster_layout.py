@@ -197,7 +197,7 @@ def test_local_is_the_default_environment(tag_env):
     assert built["profiling"] == resources.ProfilingSettings()
 
 
-@pytest.mark.parametrize("name", sorted(resources.RESOURCES_BY_ENV))
+@pytest.mark.parametrize("name", sorted(set(resources.RESOURCES_BY_ENV) - {"cluster"}))  # cluster: a server
 def test_resources_build_for_every_environment(tag_env, name: str):
     home = tag_env(name)
     built = resources.build_resources()
@@ -212,6 +212,14 @@ def test_resources_build_for_every_environment(tag_env, name: str):
     assert (home / "tag.duckdb").is_file()
 
 
+def test_cluster_needs_a_postgres_store_url(tag_env, monkeypatch: pytest.MonkeyPatch):
+    tag_env("cluster")
+    for url in ("", "/some/file.duckdb"):
+        monkeypatch.setenv("TAG_STORE", url)
+        with pytest.raises(TagInputError, match=r"^TAG_STORE: TAG_ENV=cluster needs a postgresql:// URL"):
+            resources.build_resources()
+
+
 def test_ci_needs_an_explicit_tag_home(tag_env, monkeypatch: pytest.MonkeyPatch):
     tag_env("ci")
     monkeypatch.delenv("TAG_HOME")
@@ -222,7 +230,7 @@ def test_ci_needs_an_explicit_tag_home(tag_env, monkeypatch: pytest.MonkeyPatch)
 
 def test_an_unknown_environment_is_a_one_line_error(tag_env, tmp_path: Path):
     tag_env("prod")
-    message = "TAG_ENV: 'prod' is not an environment; use one of: local, ci"
+    message = "TAG_ENV: 'prod' is not an environment; use one of: local, ci, cluster"
     with pytest.raises(TagInputError) as error:
         resources.build_resources()
     assert str(error.value) == message

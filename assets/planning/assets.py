@@ -5,7 +5,6 @@
 
 import hashlib
 import json
-import uuid
 from typing import Optional
 
 from dagster import (
@@ -122,7 +121,8 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
                                                   **prior.lineage()},
                       comm=comm, uncalibrated_because=uncalibrated, measured_error=error)
         data = result.to_dict()
-        plan_id = uuid.uuid4().hex[:16]
+        # One id per run and partition: a step retried after its worker died saves the same plan, which lands once.
+        plan_id = hashlib.sha256(f"{context.run_id}/{context.partition_key}".encode()).hexdigest()[:16]
         with open_store(duckdb) as conn:
             store.save_plan(conn, plan_id, data, source="dagster", topology_key=topology_key)
     speedup = data["speedup_vs_dp_nccl"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ._common import add_model_timeout, add_plan_source, positive_int32, print_json, read_plan_source
 
 
@@ -30,12 +28,8 @@ def _profiles(args, model: str):
     """Stored op profiles, when there is a store: model-parallel chunks then match the simulator's."""
     from tag_core import store
 
-    path = Path(args.db) if args.db else store.default_database()
-    if not path.exists():
-        return None
-    try:
-        conn = store.connect(path, read_only=True)
-    except Exception:  # another process is writing: chunking falls back to the roofline estimate
+    conn = store.connect_if_present(args.db)  # none, or busy: chunking falls back to the roofline estimate
+    if conn is None:
         return None
     try:
         profiles = store.load_profiles(conn, model)
@@ -49,13 +43,9 @@ def _communication(args, topology):
     from tag_core import store
     from tag_core.simulate.comm import CommModel, comm_for
 
-    path = Path(args.db) if args.db else store.default_database()
-    if not path.exists():
-        return CommModel(), f"no store at {path}: the cost model's defaults"
-    try:
-        conn = store.connect(path, read_only=True)
-    except Exception:  # another process is writing
-        return CommModel(), f"the store at {path} is busy: the cost model's defaults"
+    conn = store.connect_if_present(args.db)
+    if conn is None:
+        return CommModel(), f"no store to read at {store.location(args.db)[0]}: the cost model's defaults"
     try:
         return comm_for(conn, topology)
     finally:
@@ -101,12 +91,8 @@ def _stored_fusion(args, model: str, graph_hash: str):
     from tag_core import store
     from tag_core.fusion.patterns import FusionPlan
 
-    path = Path(args.db) if args.db else store.default_database()
-    if not path.exists():
-        return None
-    try:
-        conn = store.connect(path, read_only=True)
-    except Exception:  # another process is writing: plan afresh
+    conn = store.connect_if_present(args.db)  # none, or busy: plan afresh
+    if conn is None:
         return None
     try:
         stored = store.load_fusion_plan(conn, model, graph_hash)

@@ -1,6 +1,7 @@
-"""DuckDB: TAG's schema and every SQL statement it runs. No SQL lives anywhere else.
+"""TAG's store: its schema and every SQL statement it runs, on DuckDB (a file, the default) or PostgreSQL
+(TAG_STORE=postgresql://…). No SQL lives anywhere else.
 
-In: an open DuckDB connection (`connect` for the CLI, Dagster's `DuckDBResource` for assets)
+In: an open connection (`connect` for the CLI and, through their resource, for assets)
 and plain rows: dicts, tuples and DataFrames. Out: rows again. The store knows no stage's
 types, so every stage may use it. Each write is one transaction.
 """
@@ -9,8 +10,10 @@ from .connection import (
     CONNECT_CONFIG,
     StoreBusy,
     connect,
+    connect_if_present,
     default_database,
     ensure_schema,
+    location,
     store_wait_s,
     tag_home,
     transaction,
@@ -59,6 +62,7 @@ from .plans import (
 from .profiles import PROFILE_COLUMNS, load_profiles, profile_set_hash, profile_summary, replace_profiles
 from .schema import SCHEMA, SCHEMA_VERSION
 from .training import TRAINING_COLUMNS, load_training_runs, save_training_run, trained_lineage
+from .transfer import TABLES, copy_tables
 
 __all__ = [
     "CALIBRATION_COLUMNS", "MEASURED_STEP_COLUMNS", "SAMPLE_COLUMNS", "calibration_samples", "latest_calibration",
@@ -70,5 +74,5 @@ __all__ = [
     "load_profiles", "load_sfb_decisions", "op_graph_rows", "plan_lineage", "profile_set_hash", "profile_summary",
     "reinstate_topology", "replace_profiles", "retire_topology", "retired_topologies", "save_fusion_plan",
     "save_op_graph", "save_op_groups", "save_plan", "save_sfb_decisions", "save_topology_snapshot", "tag_home",
-    "transaction", "TRAINING_COLUMNS", "load_training_runs", "save_training_run", "trained_lineage",
+    "transaction", "TABLES", "copy_tables", "connect_if_present", "location", "TRAINING_COLUMNS", "load_training_runs", "save_training_run", "trained_lineage",
 ]

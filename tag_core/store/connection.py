@@ -1,4 +1,5 @@
-"""Where TAG's database lives, opening it safely, and one transaction per write."""
+"""Where TAG's store lives (a DuckDB file, or a PostgreSQL server named by TAG_STORE), opening it safely,
+and one transaction per write."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import duckdb
 
 from tag_core.errors import TagInputError
 
-from .schema import SCHEMA, SCHEMA_VERSION
+from .postgres import connect as connect_server
+from .postgres import is_url, redacted
+from .migrations import refuse_newer, stored_version, upgrade
+from .schema import SCHEMA_VERSION
 
 # How long opening the store waits while another process holds it (TAG_STORE_WAIT_S): long enough for
 # another plan's save or a report, short enough that a forgotten notebook gets named rather than waited out.
@@ -44,25 +48,49 @@ def default_database() -> Path:
     return tag_home() / "tag.duckdb"
 
 
-def ensure_schema(conn: duckdb.DuckDBPyConnection) -> None:
+def location(path: str | Path | None = None) -> tuple[str | Path, str]:
+    """(where the store is, the setting that named it): `path` (--db), else TAG_STORE, else the DuckDB file in
+    TAG_HOME. A server's URL stays a string; anything else is a DuckDB file's path."""
+    if path is not None and str(path).strip():
+        where, target = "--db", str(path).strip()
+    elif os.environ.get("TAG_STORE", "").strip():
+        where, target = "TAG_STORE", os.environ["TAG_STORE"].strip()
+    else:
+        return default_database(), "TAG_HOME"
+    if is_url(target):
+        return target, where
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", target)
+    if scheme:
+        raise TagInputError(where, f"unknown store scheme {scheme[1]!r} in {redacted(target)}; "
+                                   "use a DuckDB file's path or a postgresql:// URL")
+    return Path(target), where
+
+
+def ensure_schema(conn) -> None:
+    """Create or migrate TAG's schema to this release's version; a newer database is refused."""
     with transaction(conn):
-        for statement in SCHEMA:
-            conn.execute(statement)
-        row = conn.execute("SELECT max(version) FROM schema_info").fetchone()
-        if row[0] is None:
-            conn.execute("INSERT INTO schema_info VALUES (?)", [SCHEMA_VERSION])
-        elif row[0] > SCHEMA_VERSION:
-            raise TagInputError("database", f"schema version {row[0]} is newer than this TAG ({SCHEMA_VERSION})")
+        upgrade(conn)
 
 
 # Never fetch or load extensions on connect: DuckDB would download sqlite_scanner to open a SQLite file.
 CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
 
-def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open (and, unless read-only, create) TAG's database; an unusable file is the user's input error."""
-    where = "--db" if path else "TAG_HOME"
-    path = Path(path) if path else default_database()
+def connect(path: str | Path | None = None, read_only: bool = False):
+    """Open (and, unless read-only, create) TAG's store: a DuckDB connection, or for a postgresql:// URL a
+    `PostgresConnection` with the same calls. An unusable file or server is the user's input error."""
+    target, where = location(path)
+    if isinstance(target, str):
+        conn = connect_server(target, read_only=False, wait_s=store_wait_s())
+        try:
+            ensure_schema(conn)  # cheap once current; a read-only session then cannot write
+            if read_only:
+                conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+    path = target
     if path.is_dir():
         raise TagInputError(where, f"{path} is a directory, not a DuckDB database")
     if path.exists():
@@ -76,8 +104,45 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.D
             raise TagInputError(where, f"cannot create directory {str(path.parent)!r} ({exc.strerror})") from None
     conn = _connect_waiting(path, read_only, where)
     if not read_only:
-        ensure_schema(conn)
+        _ensure_or_close(conn)
+        return conn
+    found = _version_or_close(conn)
+    if found is not None and found < SCHEMA_VERSION and os.access(path, os.W_OK):  # an older release's file
+        conn.close()
+        _ensure_or_close(_connect_waiting(path, False, where)).close()
+        conn = _connect_waiting(path, True, where)
     return conn
+
+
+def connect_if_present(path: str | Path | None = None):
+    """A read-only connection when there is a store to read, else None (a DuckDB file not made yet, or one
+    another process holds): for commands that only enrich their output from it."""
+    target, _ = location(path)
+    if isinstance(target, Path) and not target.exists():
+        return None
+    try:
+        return connect(path, read_only=True)
+    except TagInputError:
+        return None
+
+
+def _ensure_or_close(conn):
+    try:
+        ensure_schema(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _version_or_close(conn) -> int | None:
+    try:
+        found = stored_version(conn)
+        refuse_newer(found)
+    except BaseException:
+        conn.close()
+        raise
+    return found
 
 
 def _connect_waiting(path: Path, read_only: bool, where: str) -> duckdb.DuckDBPyConnection:
@@ -125,7 +190,7 @@ def _open_problem(path: Path, exc: duckdb.Error) -> str:
 
 
 @contextlib.contextmanager
-def transaction(conn: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+def transaction(conn) -> Iterator:
     conn.execute("BEGIN TRANSACTION")
     try:
         yield conn

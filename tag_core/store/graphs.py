@@ -33,6 +33,7 @@ def save_op_graph(conn, model: dict, ops: list[dict], edges: list[dict], variabl
     variables = pd.DataFrame(variables, columns=VARIABLE_COLUMNS)
     variables["shape"] = variables["shape"].map(lambda s: json.dumps(list(s)))
     variables.insert(0, "model", name)
+    variables["position"] = range(len(variables))
     with transaction(conn):
         for table in ("ops", "edges", "variables", "models"):
             conn.execute(f"DELETE FROM {table} WHERE model = ?", [name])
@@ -41,7 +42,8 @@ def save_op_graph(conn, model: dict, ops: list[dict], edges: list[dict], variabl
         conn.register("new_edges", edges)
         conn.execute(f"INSERT INTO edges SELECT model, {', '.join(EDGE_COLUMNS)} FROM new_edges")
         conn.register("new_variables", variables)
-        conn.execute(f"INSERT INTO variables SELECT model, {', '.join(VARIABLE_COLUMNS)} FROM new_variables")
+        conn.execute(f"INSERT INTO variables (model, {', '.join(VARIABLE_COLUMNS)}, position) "
+                     f"SELECT model, {', '.join(VARIABLE_COLUMNS)}, position FROM new_variables")
         columns = MODEL_COLUMNS[:-1]
         conn.execute(f"INSERT INTO models ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
                      [json.dumps(model[c]) if c == "summary" else model[c] for c in columns])
@@ -64,20 +66,25 @@ def op_graph_rows(conn, model: str) -> tuple[dict, list[tuple], list[tuple], lis
     record = captured_model(conn, model)
     if record is None:
         raise TagInputError("model", f"{model!r} has not been captured; run `tag capture {model}` first")
-    # A read-only connection to a database from before other_variables does not gain the column.
-    has_others = conn.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = 'ops' "
-                              "AND column_name = 'other_variables'").fetchone()[0]
-    op_columns = ", ".join(OP_COLUMNS[:-1] + ["other_variables" if has_others else "NULL"])
+    # A read-only connection to an older release's file it may not upgrade lacks the newer columns.
+    op_columns = ", ".join(OP_COLUMNS[:-1] + ["other_variables" if _has_column(conn, "ops", "other_variables")
+                                              else "NULL"])
+    order = "position" if _has_column(conn, "variables", "position") else "rowid"
     op_rows = conn.execute(f"SELECT {op_columns} FROM ops WHERE model = ? ORDER BY idx", [model]).fetchall()
     edge_rows = conn.execute(
         f"SELECT {', '.join(EDGE_COLUMNS)} FROM edges WHERE model = ? ORDER BY src, dst, tensor", [model]
     ).fetchall()
     variable_rows = conn.execute(
-        f"SELECT {', '.join(VARIABLE_COLUMNS)} FROM variables WHERE model = ? ORDER BY rowid", [model]
+        f"SELECT {', '.join(VARIABLE_COLUMNS)} FROM variables WHERE model = ? ORDER BY {order}", [model]
     ).fetchall()
     ops = [(*row[:-1], tuple(json.loads(row[-1])) if row[-1] else ()) for row in op_rows]
     variables = [(row[0], tuple(json.loads(row[1])), *row[2:]) for row in variable_rows]
     return record, ops, edge_rows, variables
+
+
+def _has_column(conn, table: str, column: str) -> bool:
+    return conn.execute("SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ? "
+                        "AND table_schema = current_schema()", [table, column]).fetchone()[0] > 0
 
 
 def list_captured_models(conn) -> list[str]:

@@ -93,5 +93,5 @@ def predicted_and_measured(conn, topology: str, topology_hash: str,
     calibration (None: the defaults), newest first."""
     return conn.execute("SELECT predicted_s, measured_s FROM measured_steps WHERE topology = ? AND topology_hash = ? "
                         "AND calibration_hash IS NOT DISTINCT FROM ? AND measured_s > 0 AND predicted_s IS NOT NULL "
-                        "AND isfinite(predicted_s) ORDER BY measured_at DESC",
+                        "AND predicted_s BETWEEN -1e308 AND 1e308 ORDER BY measured_at DESC",
                         [topology, topology_hash, calibration_hash]).fetchall()

@@ -52,7 +52,8 @@ PLAN_COLUMNS = ["plan_id", "model", "topology", "source", "tag_time_s", "dp_nccl
 
 
 def save_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str | None = None) -> None:
-    """Append a plan (the plan JSON of `tag plan`) with its lineage columns; plans are never overwritten."""
+    """Append a plan (the plan JSON of `tag plan`) with its lineage columns; plans are never overwritten, and
+    the same plan_id again changes nothing."""
     with transaction(conn):
         _insert_plan(conn, plan_id, plan, source, topology_key)
 
@@ -77,7 +78,9 @@ def _insert_plan(conn, plan_id: str, plan: dict, source: str, topology_key: str 
               lineage.get("topology_hash"), lineage.get("checkpoint"), lineage.get("code_version"),
               lineage.get("seed"), json.dumps(lineage.get("budget")), lineage.get("warm_start_from"),
               lineage.get("calibration"), json.dumps(plan)]
-    conn.execute(f"INSERT INTO plans ({', '.join(PLAN_COLUMNS[:-1])}) VALUES ({', '.join('?' * len(values))})", values)
+    # A step retried after its plan landed (its worker died before reporting) saves the same plan_id again.
+    conn.execute(f"INSERT INTO plans ({', '.join(PLAN_COLUMNS[:-1])}) VALUES ({', '.join('?' * len(values))}) "
+                 "ON CONFLICT (plan_id) DO NOTHING", values)
 
 
 def load_plans(conn, model: str | None = None, topology: str | None = None) -> pd.DataFrame:
@@ -112,8 +115,9 @@ def current_plans(conn) -> pd.DataFrame:
     """The newest plan of every model × topology whose snapshot is not retired."""
     return conn.execute(
         f"SELECT {', '.join('p.' + c for c in PLAN_COLUMNS)} FROM plans p "
-        "LEFT JOIN topology_retirements r ON r.topology = p.topology WHERE r.topology IS NULL "
-        "QUALIFY row_number() OVER (PARTITION BY p.model, p.topology ORDER BY p.created_at DESC, p.plan_id) = 1 "
+        "LEFT JOIN topology_retirements r ON r.topology = p.topology WHERE r.topology IS NULL AND p.plan_id IN ("
+        "SELECT plan_id FROM (SELECT plan_id, row_number() OVER (PARTITION BY model, topology "
+        "ORDER BY created_at DESC, plan_id) AS newest FROM plans) ranked WHERE newest = 1) "
         "ORDER BY p.model, p.topology"
     ).df()
 

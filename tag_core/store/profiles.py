@@ -80,9 +80,10 @@ def profile_summary(conn, model: str | None = None) -> pd.DataFrame:
     return conn.execute(
         "WITH ops AS (SELECT model, device_type, batch_size, count(DISTINCT op) AS ops, count(DISTINCT run) AS runs, "
         "sum(time_us) / count(DISTINCT run) AS step_op_time_us, sum(overhead_us) / count(DISTINCT run) AS overhead_us "
-        f"FROM op_profiles {where} GROUP BY ALL), "
-        "steps AS (SELECT model, device_type, batch_size, median(step_us) AS measured_step_us FROM profile_steps "
-        f"{where} GROUP BY ALL) "
+        f"FROM op_profiles {where} GROUP BY model, device_type, batch_size), "
+        "steps AS (SELECT model, device_type, batch_size, "
+        "percentile_cont(0.5) WITHIN GROUP (ORDER BY step_us) AS measured_step_us FROM profile_steps "
+        f"{where} GROUP BY model, device_type, batch_size) "
         "SELECT ops.*, steps.measured_step_us FROM ops LEFT JOIN steps USING (model, device_type, batch_size) "
         "ORDER BY model, device_type, batch_size",
         ([model, model] if model else []),

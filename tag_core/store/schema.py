@@ -1,6 +1,8 @@
-"""The tables and views of TAG's database. `connection.ensure_schema` creates them."""
+"""The tables and views of TAG's database, in SQL that DuckDB and PostgreSQL both run (PostgreSQL spells
+the types its own way: `postgres.schema_statement`). `migrations.upgrade` creates or migrates them."""
 
-SCHEMA_VERSION = 1
+# 2: variables.position (their capture order, which DuckDB's rowid held).
+SCHEMA_VERSION = 2
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS schema_info (version INTEGER NOT NULL)",
@@ -18,7 +20,7 @@ SCHEMA = [
         model TEXT NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL, bytes BIGINT, batch BOOLEAN, tensor TEXT)""",
     """CREATE TABLE IF NOT EXISTS variables (
         model TEXT NOT NULL, name TEXT NOT NULL, shape JSON, dtype TEXT, bytes BIGINT, trainable BOOLEAN,
-        owner TEXT, gradient_op TEXT)""",
+        owner TEXT, gradient_op TEXT, position BIGINT)""",
     """CREATE TABLE IF NOT EXISTS op_profiles (
         model TEXT NOT NULL, op TEXT NOT NULL, device_type TEXT NOT NULL, batch_size INTEGER NOT NULL,
         run INTEGER NOT NULL, time_us DOUBLE NOT NULL, host TEXT, tf_version TEXT,
