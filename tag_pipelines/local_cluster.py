@@ -51,12 +51,11 @@ def start_postgres(folder: Path, port: int) -> str:
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres")
     if not (data / "PG_VERSION").exists():
-        subprocess.run(_as_server_user([postgres_bin("initdb"), "-D", str(data), "-U", POSTGRES_USER,
-                                        "--auth=trust", "-E", "UTF8", "--no-sync"]),
-                       check=True, capture_output=True)
+        _server_tool([postgres_bin("initdb"), "-D", str(data), "-U", POSTGRES_USER, "--auth=trust", "-E", "UTF8",
+                      "--no-sync"])
     options = f"-c listen_addresses={HOST} -p {port} -k {folder} -c fsync=off -c max_connections=200"
-    subprocess.run(_as_server_user([postgres_bin("pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"),
-                                    "-o", options, "-w", "-t", "60", "start"]), check=True, capture_output=True)
+    _server_tool([postgres_bin("pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-o", options, "-w",
+                  "-t", "60", "start"])
     base = f"postgresql://{POSTGRES_USER}@{HOST}:{port}"
     import psycopg
 
@@ -66,6 +65,13 @@ def start_postgres(folder: Path, port: int) -> str:
             if name not in present:
                 conn.execute(f'CREATE DATABASE "{name}"')
     return base
+
+
+def _server_tool(argv: list[str]) -> None:
+    done = subprocess.run(_as_server_user(argv), capture_output=True, text=True, check=False)
+    if done.returncode:
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise TagInputError("postgresql", f"{Path(argv[0]).name} failed: {lines[-1] if lines else done.returncode}")
 
 
 def stop_postgres(folder: Path) -> None:
@@ -108,7 +114,9 @@ def cluster_env(root: Path, postgres: str, broker: str) -> dict[str, str]:
     return {
         "TAG_ENV": "cluster",
         "TAG_STORE": f"{postgres}/tag",
-        "DAGSTER_PG_URL": f"{postgres}/dagster",
+        # A SQLAlchemy URL: SQLAlchemy 2.1 defaults to psycopg 3, whose server-side parameters dagster-postgres's
+        # NOTIFY statements cannot take; psycopg2 is the driver it was written for.
+        "DAGSTER_PG_URL": f"{postgres.replace('postgresql://', 'postgresql+psycopg2://', 1)}/dagster",
         "TAG_CELERY_BROKER": broker,
         "TAG_ARTIFACTS": str((root / "artifacts").resolve()),
         "DAGSTER_HOME": str((root / "dagster_home").resolve()),

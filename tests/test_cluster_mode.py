@@ -9,7 +9,9 @@ import json
 import os
 import signal
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,14 +64,17 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("cluster")
+def cluster() -> Iterator[Cluster]:
+    # Not under pytest's private temporary folder: the server runs as the `postgres` user, which must reach it.
+    root = Path(tempfile.mkdtemp(prefix="tag-cluster-"))
+    root.chmod(0o711)
     settings = local_cluster.up(root, workers=2, with_dagster=False, visibility_s=VISIBILITY_S)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("TAG_", "DAGSTER_"))}
     try:
         yield Cluster(root, {**env, **settings, "TF_CPP_MIN_LOG_LEVEL": "2"})
     finally:
         local_cluster.down(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
