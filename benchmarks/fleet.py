@@ -119,6 +119,7 @@ def main() -> int:
     args = parser.parse_args()
     models = MODELS[: args.models]
     root = Path(tempfile.mkdtemp(prefix="tag-fleet-"))
+    root.chmod(0o711)  # the server runs as the `postgres` user, which must reach its folder
     settings = local_cluster.up(root, workers=2, with_dagster=False)
     os.environ.update(settings)
     os.environ.update({"TAG_HOME": str(root / "orchestrator"), "TF_CPP_MIN_LOG_LEVEL": "2"})

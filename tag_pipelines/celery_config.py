@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any
 
 from tag_core.errors import TagInputError
@@ -59,6 +60,8 @@ def celery_settings() -> dict[str, Any]:
 
 def executor_config() -> dict[str, Any]:
     """The `celery` executor's config: the broker doubles as the result backend."""
+    # dagster-celery makes its task again for every step it submits; celery keeps the first, as it should.
+    warnings.filterwarnings("ignore", message="Task name 'execute_plan' is already registered")
     url = broker_url()
     return {"broker": url, "backend": url, "config_source": celery_settings()}
 

@@ -52,12 +52,17 @@ DEMO_CONFIG = {"fusion_plan": {"tune": False, "measure": False}, "deployment_pla
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 
 
+# Stages the demo leaves out: training needs a data set only its user can name (`tag train`).
+LEFT_OUT = frozenset({"training_run"})
+
+
 def stages(partitions_def) -> tuple[str, ...]:
-    """Every asset with these partitions, upstream stages first."""
+    """Every asset with these partitions but LEFT_OUT, upstream stages first."""
     from tag_pipelines.definitions import defs
 
     graph = defs.resolve_asset_graph()
-    keys = [spec.key for spec in defs.resolve_all_asset_specs() if spec.partitions_def == partitions_def]
+    keys = [spec.key for spec in defs.resolve_all_asset_specs()
+            if spec.partitions_def == partitions_def and spec.key.to_user_string() not in LEFT_OUT]
     return tuple(key.to_user_string() for key in graph.toposorted_asset_keys if key in keys)
 
 

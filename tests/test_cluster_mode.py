@@ -24,6 +24,7 @@ from assets.planning import deployment_plan
 from tag_core import store
 from tag_pipelines import local_cluster
 from tag_pipelines.devserver import ROOT
+from tag_pipelines.partitions import model_partitions, topology_partitions
 from tag_pipelines.resources import build_resources
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -118,8 +119,8 @@ def test_two_workers_share_only_the_store_and_the_artifacts(cluster: Cluster, tm
     monkeypatch.setenv("TAG_ARTIFACTS", cluster.env["TAG_ARTIFACTS"])
     config = {"ops": {"deployment_plan": {"config": {"budget_iterations": 100}}}}
     with instance_for_test() as laptop:
-        laptop.add_dynamic_partitions("models", [MODEL])
-        laptop.add_dynamic_partitions("topologies", list(TOPOLOGIES))
+        laptop.add_dynamic_partitions(model_partitions.name, [MODEL])
+        laptop.add_dynamic_partitions(topology_partitions.name, list(TOPOLOGIES))
         for topology in TOPOLOGIES:
             key = MultiPartitionKey({"model": MODEL, "topology": topology})
             assert materialize([deployment_plan], partition_key=key, instance=laptop, run_config=config,
