@@ -210,6 +210,23 @@ def fetch_folder(address: str | os.PathLike) -> Path:
     return folder
 
 
+def publish_folder(local_dir: str | os.PathLike, ref: str) -> str:
+    """`put_folder`, then point `refs/<ref>` at it (the latest folder of a stage's partition); its address."""
+    address = put_folder(local_dir)
+    set_ref(ref, address)
+    return address
+
+
+def restore_folder(ref: str, into: str | os.PathLike) -> bool:
+    """Copy the folder `refs/<ref>` names into `into` (a working folder another worker left off in);
+    False when the ref was never set."""
+    address = get_ref(ref)
+    if address is None:
+        return False
+    shutil.copytree(fetch_folder(address), into, dirs_exist_ok=True)  # a copy: the cache's files stay as put
+    return True
+
+
 def _link_or_copy(source: Path, destination: Path) -> None:
     try:
         os.link(source, destination)

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             if not os.environ.get("DAGSTER_HOME"):
                 raise TagInputError("DAGSTER_HOME", "not set; TAG_ENV=cluster uses the instance of .cluster/env")
             check_broker(broker_url(), store.store_wait_s())
+            store.connect().close()  # the shared store answers (and has this release's schema) before any run
     except TagInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

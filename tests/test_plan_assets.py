@@ -14,8 +14,9 @@ from assets.cluster import calibration, cluster_topology
 from assets.planning import deployment_plan, op_groups
 from assets.profiling import op_profiles
 from assets.sfb import sfb_decisions
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.capture.steps import load_op_graph
+from tag_core.gnn.prior import CHECKPOINT_REF
 from tag_core.cluster.topology_json import parse_topology
 from tag_core.sfb.milp import find_subgraphs
 from tag_core.simulate.simulator import Simulator
@@ -57,7 +58,8 @@ PLAN_CONFIG = {"ops": {"deployment_plan": {"config": {"budget_iterations": 15, "
 
 
 @pytest.mark.slow
-def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance) -> None:
+def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     instance.add_dynamic_partitions(model_partitions.name, [MODEL])
     instance.add_dynamic_partitions(topology_partitions.name, ["small"])
     profiling = {"resources": {"profiling": {"config": {"batch_sizes": [1, 2], "runs": 2, "warmup": 1}}},
@@ -122,6 +124,15 @@ def test_plan_assets_materialize_end_to_end(env: Path, instance: DagsterInstance
     assert sfb_meta["considered"].value == latest["sfb"]["considered"] == synchronised
     assert sum(latest["sfb"]["by_status"].values()) == synchronised
     assert sfb_meta["iteration_ms"].value <= sfb_meta["iteration_ms_without_sfb"].value
+
+    # A checkpoint ref naming an artifact its root does not hold (a wrong TAG_ARTIFACTS, a pruned bucket): one line.
+    monkeypatch.setenv("TAG_ARTIFACTS", str(env / "other_root"))  # the session's root stays clean
+    missing = f"sha256/ab/{'ab' * 32}/checkpoint.pt"
+    artifacts.set_ref(CHECKPOINT_REF, missing)
+    failed = _materialize(instance, [deployment_plan], PLAN_KEY, PLAN_CONFIG, raise_on_error=False)
+    (failure,) = [event for event in failed.all_events if event.is_step_failure]
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"artifact: {missing} is missing under TAG_ARTIFACTS={env / 'other_root'}")
 
     # A deleted snapshot is retired, and its plans stay.
     (env / "topologies" / "small.json").unlink()

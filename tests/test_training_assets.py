@@ -4,6 +4,7 @@ checkpoint under the plan that a changed topology snapshot brings (a machine los
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from assets.cluster import calibration, cluster_topology
 from assets.planning import deployment_plan, op_groups
 from assets.profiling import op_profiles
 from assets.training import training_folder, training_run
-from tag_core import store
+from tag_core import artifacts, store
 from tag_pipelines.definitions import defs
 from tag_pipelines.partitions import model_partitions, topology_partitions
 from tag_pipelines.resources import build_resources
@@ -38,6 +39,7 @@ def test_training_run_is_wired_and_left_out_of_the_automation() -> None:
 @pytest.mark.timeout(900)
 def test_training_run_trains_then_goes_on_under_a_replan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAG_HOME", str(tmp_path / "tag_home"))
+    monkeypatch.setenv("TAG_ARTIFACTS", str(tmp_path / "artifacts"))  # its run folder's ref is this test's alone
     topologies = tmp_path / "topologies"
     topologies.mkdir()
     (topologies / "local.json").write_text(json.dumps(TWO))
@@ -72,9 +74,11 @@ def test_training_run_trains_then_goes_on_under_a_replan(tmp_path: Path, monkeyp
         (topologies / "local.json").write_text(json.dumps(ONE))
         run([cluster_topology, calibration], "local")
         run([deployment_plan], key, plan_config)
+        shutil.rmtree(training_folder(MODEL, "local"))  # the next run's worker has none of this one's disk
         more = {"ops": {"training_run": {"config": {**train_config["ops"]["training_run"]["config"], "epochs": 3}}}}
         second = run([training_run], key, more).asset_materializations_for_node("training_run")[0].metadata
-    assert second["first_step"].value == 20 and second["steps"].value == 30
+    assert second["first_step"].value == 20 and second["steps"].value == 30  # from the published checkpoint
+    assert second["artifact"].value != first["artifact"].value
     assert second["plan_id"].value != first["plan_id"].value
     folder = training_folder(MODEL, "local")
     assert (folder / "model.keras").is_file()
@@ -83,3 +87,4 @@ def test_training_run_trains_then_goes_on_under_a_replan(tmp_path: Path, monkeyp
         snapshots = {row["topology_hash"] for row in runs.to_dict("records")}
     assert len(runs) == 2 and set(runs.status) == {"done"} and len(snapshots) == 2
     assert list(runs.first_step) == [20, 0]  # newest first
+    assert all(artifacts.fetch(address).is_file() for address in runs.model_file)

@@ -16,7 +16,7 @@ from dagster import (
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.capture import resolve_model
 from tag_core.capture.steps import model_slug
 from tag_core.cluster import recorded_topology
@@ -71,10 +71,12 @@ def distributed_graph(context: AssetExecutionContext, duckdb: DuckDBResource, co
                                profiles=None if profiles.empty else profiles)
     summary = emission.summary()
     check = graph_check(emission, out, config, context)
+    address = artifacts.publish_folder(out, f"graphs/{model_slug(spec.name)}/{topology_key}")  # for any worker
     return MaterializeResult(
         check_results=[check],
         metadata={
             "folder": MetadataValue.path(str(out)),
+            "artifact": MetadataValue.text(address),
             "plan_id": plan_id,
             "emitted_ops": summary["emitted_ops"],
             "single_device_ops": summary["single_device_ops"],

@@ -19,7 +19,7 @@ from dagster import (
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.capture import resolve_model
 from tag_core.capture.steps import model_slug
 from tag_core.cluster import recorded_topology
@@ -91,12 +91,14 @@ def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config
     except MeasureFailed as exc:  # one line for the run's page; the run's report beside it
         raise Failure(description=str(exc), metadata={"run": MetadataValue.md(_indented(exc.lines))}) from None
     row = {**measured.row, "plan_id": plan_id}  # the store's plan, whatever id the emission's lineage carries
+    address = artifacts.publish_folder(out, f"measured/{model_slug(spec.name)}/{topology_key}")  # for any worker
     with open_store(duckdb) as conn:
         store.save_measured_step(conn, row)
         history = store.load_measured_steps(conn, topology=topology_key)
     return MaterializeResult(
         check_results=[step_check(row)],
-        metadata={**_figures(row, measured), "folder": MetadataValue.path(str(out)), "plan_id": plan_id,
+        metadata={**_figures(row, measured), "folder": MetadataValue.path(str(out)), "artifact": address,
+                  "plan_id": plan_id,
                   "scatter": MetadataValue.md(_scatter(history, topology_key)),
                   "measurements_on_topology": len(history)},
         data_version=DataVersion(_version(row)),

@@ -122,7 +122,7 @@ def deployment_plan(context: AssetExecutionContext, duckdb: DuckDBResource, conf
                       comm=comm, uncalibrated_because=uncalibrated, measured_error=error)
         data = result.to_dict()
         # One id per run and partition: a step retried after its worker died saves the same plan, which lands once.
-        plan_id = hashlib.sha256(f"{context.run_id}/{context.partition_key}".encode()).hexdigest()[:16]
+        plan_id = hashlib.sha256(f"{context.run.run_id}/{context.partition_key}".encode()).hexdigest()[:16]
         with open_store(duckdb) as conn:
             store.save_plan(conn, plan_id, data, source="dagster", topology_key=topology_key)
     speedup = data["speedup_vs_dp_nccl"]

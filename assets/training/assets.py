@@ -11,7 +11,7 @@ from dagster import AssetExecutionContext, Config, DataVersion, Failure, Materia
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from tag_core import store
+from tag_core import artifacts, store
 from tag_core.capture import resolve_model
 from tag_core.capture.steps import model_slug
 from tag_core.errors import TagInputError
@@ -65,12 +65,18 @@ def training_run(context: AssetExecutionContext, duckdb: DuckDBResource, config:
             raise TagInputError("plan", f"no plan for {spec.name} on {topology_key}; materialize deployment_plan")
         _, plan = latest
         out = training_folder(spec.name, topology_key)
+        ref = f"training/{model_slug(spec.name)}/{topology_key}"
+        if config.resume and latest_checkpoint(out) is None:
+            artifacts.restore_folder(ref, out)  # the checkpoints another worker's run left
         resume = config.resume and latest_checkpoint(out) is not None
         result = train(spec, out, config.data, plan=plan, validation=config.validation_data,
                        steps=config.steps, epochs=None if config.steps else config.epochs,
                        checkpoint_every=config.checkpoint_every, resume=resume, seed=config.seed,
                        step_timeout=config.step_timeout_s, echo=context.log.info,
                        profiles=None if profiles.empty else profiles)
+    address = artifacts.publish_folder(out, ref)  # checkpoints (even a failed run's) and model.keras, for any worker
+    if result.row["model_file"]:  # the store keeps addresses, not this disk's paths
+        result.row["model_file"] = artifacts.put_file(result.row["model_file"])
     with open_store(duckdb) as conn:
         store.save_training_run(conn, result.row)
     if not result.ok:
@@ -81,7 +87,8 @@ def training_run(context: AssetExecutionContext, duckdb: DuckDBResource, config:
         "run_id": row["run_id"], "plan_id": row["plan_id"], "steps": row["steps"], "first_step": row["first_step"],
         "final_loss": row["final_loss"], "best_loss": row["best_loss"], "samples_per_s": row["samples_per_s"],
         "input_share": row["input_share"], "data_hash": row["data_hash"], "wall_s": row["wall_s"],
-        "run_dir": MetadataValue.path(str(out)), "model_file": MetadataValue.path(row["model_file"]),
+        "run_dir": MetadataValue.path(str(out)), "artifact": address,
+        "model_file": MetadataValue.path(artifacts.url(row["model_file"]) if row["model_file"] else "-"),
         "loss_curve": MetadataValue.md(markdown_image(
             loss_curve(row["loss_curve"], validation, f"{spec.name} on {topology_key}"), "loss per step")),
         **{f"validation_{name}": value for name, value in (row["validation"] or {}).items()},
