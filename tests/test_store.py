@@ -191,9 +191,9 @@ def test_concurrent_writers_all_land(location: str, conn) -> None:
     def write(worker: int) -> None:
         try:
             with store.connect(location) as own:
-                for index in range(5):
-                    store.save_plan_with_snapshot(own, f"w{worker}-{index}", plan_json(topology=f"t{worker}"),
-                                                  "bench", None)
+                for index in range(5):  # every writer replaces the same snapshot row and the same graph
+                    store.save_plan_with_snapshot(own, f"w{worker}-{index}", plan_json(), "bench", None)
+                    store.save_op_graph(own, *graph_rows())
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -203,6 +203,8 @@ def test_concurrent_writers_all_land(location: str, conn) -> None:
     for thread in threads:
         thread.join()
     assert not errors and len(store.load_plans(conn)) == 20
+    assert conn.execute("SELECT count(*) FROM topology_snapshots").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM ops").fetchone()[0] == 2  # replaced, never doubled
 
 
 def test_copying_tables_between_backends(conn, tmp_path: Path, postgres_url: str) -> None:

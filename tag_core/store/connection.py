@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -16,7 +17,7 @@ import duckdb
 from tag_core.errors import TagInputError
 
 from .postgres import connect as connect_server
-from .postgres import is_url, redacted
+from .postgres import WRITE_LOCK, is_url, redacted
 from .migrations import refuse_newer, stored_version, upgrade
 from .schema import SCHEMA_VERSION
 
@@ -191,10 +192,21 @@ def _open_problem(path: Path, exc: duckdb.Error) -> str:
 
 @contextlib.contextmanager
 def transaction(conn) -> Iterator:
-    conn.execute("BEGIN TRANSACTION")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+    """One write, all or nothing. Writes take turns: on PostgreSQL every session's (a transaction-scoped
+    advisory lock), on DuckDB this process's threads' (one process holds the file). Each is milliseconds, and
+    a replace (delete, then insert) racing another of the same key would otherwise fail, or duplicate rows
+    that have no key."""
+    postgres = getattr(conn, "backend", "duckdb") == "postgres"
+    with contextlib.nullcontext() if postgres else _DUCKDB_WRITES:
+        conn.execute("BEGIN TRANSACTION")
+        if postgres:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", [WRITE_LOCK])
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+
+_DUCKDB_WRITES = threading.RLock()

@@ -10,9 +10,6 @@ from tag_core.errors import TagInputError
 from .postgres import schema_statement
 from .schema import SCHEMA, SCHEMA_VERSION
 
-# Any constant: the key of the server-wide lock that lets one session at a time create or migrate the schema.
-_SCHEMA_LOCK = 7_246_100
-
 
 @dataclass(frozen=True)
 class Migration:
@@ -50,10 +47,9 @@ def refuse_newer(found: int | None) -> None:
 
 
 def upgrade(conn) -> None:
-    """Create or migrate the schema to SCHEMA_VERSION (the caller holds a transaction)."""
+    """Create or migrate the schema to SCHEMA_VERSION (the caller holds a write transaction, so two workers'
+    first sessions do not both create the tables)."""
     kind = backend(conn)
-    if kind == "postgres":  # two workers' first connections would both create the tables
-        conn.execute("SELECT pg_advisory_xact_lock(?)", [_SCHEMA_LOCK])
     found = stored_version(conn)
     refuse_newer(found)
     if found == SCHEMA_VERSION:

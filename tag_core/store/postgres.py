@@ -19,6 +19,8 @@ import pandas as pd
 from tag_core.errors import TagInputError
 
 SCHEMES = ("postgresql://", "postgres://")
+# Any constant: the key of the server-wide lock every store write (and schema upgrade) holds while it runs.
+WRITE_LOCK = 7_246_100
 _TYPES = [(re.compile(r"\bJSON\b"), "TEXT"), (re.compile(r"\bDOUBLE\b(?! PRECISION)"), "DOUBLE PRECISION")]
 # The numeric type ids whose columns pandas should see as numbers (int2/4/8, float4/8, numeric, bool).
 _NUMERIC_OIDS = {20, 21, 23, 700, 701, 1700}
