@@ -69,6 +69,10 @@ def location(path: str | Path | None = None) -> tuple[str | Path, str]:
 
 def ensure_schema(conn) -> None:
     """Create or migrate TAG's schema to this release's version; a newer database is refused."""
+    found = stored_version(conn)
+    refuse_newer(found)
+    if found == SCHEMA_VERSION:  # the common case: one read, no write turn taken
+        return
     with transaction(conn):
         upgrade(conn)
 
