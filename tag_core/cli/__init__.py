@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tag", description="TAG: topology-aware deployment of TensorFlow training.")
-    parser.add_argument("--db", help="DuckDB file (default: $TAG_HOME/tag.duckdb, TAG_HOME defaults to ./.tag)")
+    parser.add_argument("--db", help="the store: a DuckDB file or a postgresql:// URL (default: $TAG_STORE, else $TAG_HOME/tag.duckdb; TAG_HOME defaults to ./.tag)")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("_"):

@@ -1,4 +1,5 @@
-"""`tag topology validate FILE` and `tag topology random [--seed S] [--gpus N [--racks R [--pods P]]]`."""
+"""`tag topology validate FILE` and `tag topology random [--seed S] [--gpus N [--racks R [--pods P]]]`; probe and
+discover are in `_topology_probe`."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def register(subparsers) -> None:
     rand.add_argument("--types", type=int, default=3, help="GPU types drawn (with --gpus; default 3)")
     rand.add_argument("--out", help="write the JSON here instead of printing it")
     rand.set_defaults(run=run_random)
+
+    from ._topology_probe import register as register_discovery
+
+    register_discovery(sub)
 
 
 MAX_LINKS_SHOWN = 50

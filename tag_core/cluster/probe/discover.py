@@ -1,0 +1,82 @@
+"""Probes of many machines merged into one topology snapshot: their `machines` and in-box `links`, and
+between machines the slower of the two machines' fastest NICs. Figures no tool reported (a virtual NIC's
+speed) take `default_inter_gbps`; every figure here is nominal until `tag calibrate` measures it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from tag_core.errors import TagInputError
+
+from ..topology_json import parse_topology
+from .machine import PROBE_VERSION
+
+DEFAULT_INTER_GBPS = 10.0
+
+
+def read_probes(folder: Path) -> list[dict]:
+    """Every `*.json` probe in `folder` (one a machine), in name order."""
+    if not folder.is_dir():
+        raise TagInputError("--probes", f"{folder} is not a folder of probe files")
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise TagInputError("--probes", f"{folder} holds no *.json probes (write them with `tag topology probe`)")
+    probes = []
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise TagInputError(str(path), f"not a probe: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict) or data.get("probe") != PROBE_VERSION or not data.get("machines"):
+            raise TagInputError(str(path), f"not a probe of version {PROBE_VERSION} (from `tag topology probe`)")
+        probes.append(data)
+    return probes
+
+
+def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INTER_GBPS,
+          racks: dict[str, str] | None = None) -> tuple[dict, list[str]]:
+    """(topology JSON, the nominal figures in words). `racks`: host -> rack name (Slurm's switches)."""
+    hosts = Counter(p["host"].lower() for p in probes)
+    twice = [host for host, n in hosts.items() if n > 1]
+    if twice:
+        raise TagInputError("probes", f"host {twice[0]!r} is probed more than once")
+    machines, links, nominal, best_nic = [], [], [], {}
+    for p in probes:
+        fastest = max((n["gbps"] for n in p["nics"] if n.get("gbps")), default=None)
+        if fastest is None:
+            nominal.append(f"{p['host']}: no NIC reports a speed; {default_inter_gbps:g} Gbit/s assumed")
+        for machine in p["machines"]:
+            entry = dict(machine)
+            if racks is not None:
+                entry["rack"] = racks.get(p["host"], racks.get(p["host"].split(".")[0], "unplaced"))
+            machines.append(entry)
+            best_nic[machine["name"]] = fastest or default_inter_gbps
+        links += p.get("links", [])
+        nominal += p.get("nominal", [])
+    names = [m["name"] for m in machines]
+    in_box = {frozenset((link["a"], link["b"])) for link in links}
+    pair_gbps = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if frozenset((a, b)) not in in_box:
+                pair_gbps[(a, b)] = min(best_nic[a], best_nic[b])
+    inter = Counter(pair_gbps.values()).most_common(1)[0][0] if pair_gbps else min(best_nic.values())
+    links += [{"a": a, "b": b, "gbps": gbps} for (a, b), gbps in pair_gbps.items() if gbps != inter]
+    topology = {"name": name, "machines": machines, "inter_gbps": inter}
+    if links:
+        topology["links"] = links
+    if racks is not None:
+        topology["racks"] = [{"name": rack} for rack in sorted({m["rack"] for m in machines})]
+        topology["uplinks"] = {"rack": {"gbps": inter}}
+        topology["links"] = [link for link in links if _same_rack(topology, link)]
+        if not topology["links"]:
+            del topology["links"]
+    parse_topology(topology, source=name)  # what it writes validates
+    return topology, nominal
+
+
+def _same_rack(topology: dict, link: dict) -> bool:
+    rack = {m["name"]: m["rack"] for m in topology["machines"]}
+    return rack[link["a"]] == rack[link["b"]]
