@@ -191,3 +191,45 @@ def test_nightly_replan_covers_live_pairs(snapshot_dir, instance):
     assert keys == {MultiPartitionKey({"model": m, "topology": "testbed"}) for m in ("mlp", "small_cnn")}
     assert all(r.run_config["ops"]["deployment_plan"]["config"]["warm_start"] for r in requests)
     assert len({r.run_key for r in requests}) == 2 and all("20261130T0200" in r.run_key for r in requests)
+
+
+def test_a_probe_folder_is_a_snapshot_source(snapshot_dir, instance, tag_home):
+    """`<name>.probes/` holds `tag topology probe` files: a GPU gone from one records a new snapshot."""
+    from assets.cluster import cluster_topology
+    from tag_core import store
+    from tag_core.cluster import recorded_topology
+    from tag_core.cluster.probe.machine import probe
+    from tag_core.cluster.topology_diff import describe_changes
+
+    recorded = snapshot_dir.parent / "dgx1"
+    recorded.mkdir()
+    for name in ("nvidia-smi-topo-m.txt", "nvidia-smi.txt", "ibstat.txt"):  # published outputs (SOURCE.md)
+        shutil.copy(ROOT / "tests" / "data" / "probes" / "dgx1" / name, recorded / name)
+    folder = snapshot_dir / "lab.probes"
+    folder.mkdir()
+    dgx = probe(recorded)
+    (folder / "dgx1.json").write_text(json.dumps(dgx))
+    (folder / "here.json").write_text(json.dumps(probe()))
+    for path in (folder / "dgx1.json", folder / "here.json", folder):
+        settled(path)
+
+    first = tick(topology_snapshot_sensor, instance, None)
+    assert [r.partition_key for r in first.run_requests] == ["lab"]
+    assert materialize([cluster_topology], partition_key="lab", instance=instance, resources=build_resources()).success
+    with store.connect(tag_home / "tag.duckdb", read_only=True) as conn:
+        before = recorded_topology(conn, "lab")
+    assert before.num_devices == 9
+
+    dgx["gpus"] = dgx["gpus"][:-1]  # GPU 7 fell off the bus
+    (folder / "dgx1.json").write_text(json.dumps(dgx))
+    assert isinstance(tick(topology_snapshot_sensor, instance, first.cursor), SkipReason), "still settling"
+    settled(folder / "dgx1.json")
+    changed = tick(topology_snapshot_sensor, instance, first.cursor)
+    assert [r.partition_key for r in changed.run_requests] == ["lab"]
+    assert changed.run_requests[0].run_key != first.run_requests[0].run_key
+    assert materialize([cluster_topology], partition_key="lab", instance=instance, resources=build_resources()).success
+    with store.connect(tag_home / "tag.duckdb", read_only=True) as conn:
+        after = recorded_topology(conn, "lab")
+    # Without GPU 7 no ring of doubled NVLinks is left: the best ring drops to single links.
+    assert describe_changes(before, after) == ["machine dgx1: 8 -> 7 GPUs (1 lost)",
+                                               "machine dgx1: inside, 320 Gbit/s -> 160 Gbit/s"]

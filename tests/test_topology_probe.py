@@ -165,3 +165,21 @@ def test_discover_refuses_what_is_not_a_probe(tmp_path: Path) -> None:
     done = tag("discover", "--probes", str(tmp_path), "--out", str(out))
     assert done.returncode == 2 and not out.exists()
     assert done.stderr.strip().splitlines()[-1].endswith("a.json: not a probe of version 1 (from `tag topology probe`)")
+
+
+def test_diff_says_in_words_what_changed(tmp_path: Path) -> None:
+    old = {"name": "lab", "inter_gbps": 100, "machines": [
+        {"name": "a", "gpu": "V100-16GB", "count": 8, "intra_gbps": 400},
+        {"name": "b", "gpu": "T4", "count": 4, "intra_gbps": 64}], "links": [{"a": "a", "b": "b", "gbps": 50}]}
+    new = {"name": "lab", "inter_gbps": 25, "machines": [
+        {"name": "a", "gpu": "V100-16GB", "count": 7, "intra_gbps": 400},
+        {"name": "c", "gpu": "A100-40GB", "count": 8, "intra_gbps": 2400}]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    done = tag("diff", str(tmp_path / "old.json"), str(tmp_path / "new.json"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "machine b is gone (4 x T4)", "machine a: 8 -> 7 GPUs (1 lost)", "machine c is new (8 x A100-40GB)",
+        "between machines: 100 Gbit/s -> 25 Gbit/s", "link a <-> b is gone (was 50 Gbit/s)"]
+    assert tag("diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")).stdout == "no change\n"
+    assert tag("diff", str(tmp_path / "old.json"), str(tmp_path / "none.json")).returncode == 2

@@ -1,4 +1,5 @@
-"""Topology snapshots: each `$TAG_TOPOLOGY_DIR/<key>.json`, validated and recorded in the store."""
+"""Topology snapshots: each `$TAG_TOPOLOGY_DIR/<key>.json` (or probe folder `<key>.probes/`), validated and
+recorded in the store."""
 
 # No `from __future__ import annotations`: Dagster checks the `context` annotation
 # as a real type and rejects the string form.
@@ -9,7 +10,7 @@ from dagster import AssetExecutionContext, DataVersion, MaterializeResult, Metad
 from dagster_duckdb import DuckDBResource
 
 from tag_core import store
-from tag_core.cluster import load_topology, topology_directory
+from tag_core.cluster import load_snapshot, snapshot_source, topology_directory
 from tag_core.errors import TagInputError
 from tag_pipelines.errors import input_errors_as_failures
 from tag_pipelines.partitions import topology_partitions
@@ -26,10 +27,10 @@ def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> 
         if not _SNAPSHOT_KEY.match(key):
             raise TagInputError("topology", f"{key!r} is not a snapshot name (letters, digits, '_', '-', '.')")
         directory = topology_directory().resolve()
-        path = (directory / f"{key}.json").resolve()
+        path = snapshot_source(directory, key).resolve()
         if path.parent != directory:  # a symlink out of the directory
             raise TagInputError("topology", f"{key}.json leaves {directory}")
-        if not path.is_file():
+        if not path.is_file() and not path.is_dir():
             with open_store(duckdb) as conn:
                 known = store.latest_topology_snapshot(conn, key)
                 if known is None:
@@ -39,7 +40,7 @@ def cluster_topology(context: AssetExecutionContext, duckdb: DuckDBResource) -> 
             context.log.info(f"{path} is gone: topology {key!r} retired")
             return MaterializeResult(metadata={"retired": True, "content_hash": known["content_hash"]},
                                      data_version=DataVersion(f"retired:{known['content_hash']}"))
-        topology = load_topology(path)
+        topology = load_snapshot(path, key)
         with open_store(duckdb) as conn:
             store.save_topology_snapshot(conn, key, topology.content_hash(), topology.to_dict(), str(path))
             store.reinstate_topology(conn, key)

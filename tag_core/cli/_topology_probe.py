@@ -1,4 +1,5 @@
-"""`tag topology probe`, `tag topology discover` and `tag topology diff`: topologies read from the machines."""
+"""`tag topology probe`, `tag topology discover` and `tag topology diff`: topologies read from the machines,
+and what changed between two."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def register(sub) -> None:
                           help="between machines whose NICs report no speed (default 10, nominal)")
     discover.add_argument("--out", help="write the topology here instead of printing it")
     discover.set_defaults(run=run_discover)
+
+    diff = sub.add_parser("diff", help="what changed between two topology snapshots, in words")
+    diff.add_argument("old", help="the earlier topology JSON file")
+    diff.add_argument("new", help="the later one")
+    diff.set_defaults(run=run_diff)
 
 
 def _catalog(path: str | None) -> dict[str, dict]:
@@ -77,4 +83,14 @@ def run_discover(args) -> int:
         print("nominal figures (until `tag calibrate` measures them):")
         for line in nominal:
             print(f"  {line}")
+    return 0
+
+
+def run_diff(args) -> int:
+    from tag_core.cluster.topology_diff import describe_changes
+    from tag_core.cluster.topology_json import load_topology
+
+    changes = describe_changes(load_topology(args.old), load_topology(args.new))
+    for line in changes or ["no change"]:
+        print(line)
     return 0

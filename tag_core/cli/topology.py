@@ -1,5 +1,5 @@
-"""`tag topology validate FILE` and `tag topology random [--seed S] [--gpus N [--racks R [--pods P]]]`; probe and
-discover are in `_topology_probe`."""
+"""`tag topology validate FILE` and `tag topology random [--seed S] [--gpus N [--racks R [--pods P]]]`; probe,
+discover and diff are in `_topology_probe`."""
 
 from __future__ import annotations
 

@@ -16,9 +16,11 @@ from .snapshots import (
     DEFAULT_SETTLE_S,
     SnapshotScan,
     calibration_directory,
+    load_snapshot,
     recorded_topology,
     scan_calibrations,
     scan_snapshots,
+    snapshot_source,
     topology_directory,
 )
 from .topology import Device, Machine, Topology, random_topology
@@ -26,7 +28,7 @@ from .topology_json import load_topology, parse_topology, topology_from_json
 
 __all__ = [
     "CATALOG", "DEFAULT_SETTLE_S", "Device", "GpuType", "Hierarchy", "Machine", "Rack", "SnapshotScan", "Topology",
-    "Uplink", "calibration_directory", "load_topology", "lookup_gpu", "normalise_device_name", "parse_topology",
+    "Uplink", "calibration_directory", "load_snapshot", "snapshot_source", "load_topology", "lookup_gpu", "normalise_device_name", "parse_topology",
     "random_topology", "recorded_topology", "scan_calibrations", "scan_snapshots", "sized_topology",
     "topology_directory", "topology_from_json",
 ]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from tag_core.errors import TagInputError
 
+from ..topology import Topology
 from ..topology_json import parse_topology
-from .machine import PROBE_VERSION
+from .machine import PROBE_VERSION, regroup
 
 DEFAULT_INTER_GBPS = 10.0
 
@@ -31,7 +32,7 @@ def read_probes(folder: Path) -> list[dict]:
             raise TagInputError(str(path), f"not a probe: {str(exc).splitlines()[0]}") from None
         if not isinstance(data, dict) or data.get("probe") != PROBE_VERSION or not data.get("machines"):
             raise TagInputError(str(path), f"not a probe of version {PROBE_VERSION} (from `tag topology probe`)")
-        probes.append(data)
+        probes.append(regroup(data))
     return probes
 
 
@@ -80,3 +81,9 @@ def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INT
 def _same_rack(topology: dict, link: dict) -> bool:
     rack = {m["name"]: m["rack"] for m in topology["machines"]}
     return rack[link["a"]] == rack[link["b"]]
+
+
+def probes_topology(folder: Path, name: str) -> Topology:
+    """The validated topology of a probe folder (a snapshot source of the sensor)."""
+    topology, _ = merge(read_probes(folder), name)
+    return parse_topology(topology, source=str(folder))

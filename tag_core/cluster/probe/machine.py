@@ -78,32 +78,51 @@ def probe(recorded: Path | None = None, catalog: dict[str, dict] | None = None) 
     host = (outputs.get("hostname.txt") or "").strip() or (recorded.name if recorded else "localhost")
     gpus = _gpus(outputs)
     nics = _nics(outputs)
-    nominal = []
     if not gpus:
         machines = [{"name": host, "gpu": "cpu", "count": 1, "intra_gbps": CPU_INTRA_GBPS}]
         return _probe(host, outputs, [], [], nics, machines, [], [f"{host}.intra_gbps: one CPU device, nothing crosses it"])
     types = [_gpu_type(gpu, catalog or {}) for gpu in gpus]
     pairs = _pairs(outputs, gpus)
+    machines, links, nominal = group_machines(host, types, {(a, b): gbps for a, b, _, gbps in pairs})
+    return _probe(host, outputs, gpus, [(gpus[a].index, gpus[b].index, c, g) for a, b, c, g in pairs],
+                  nics, machines, links, nominal, types)
+
+
+def group_machines(host: str, types: list, bandwidth: dict[tuple[int, int], float]) -> tuple[list, list, list]:
+    """(topology machines, in-box links, nominal figures) of a box whose GPU at position i is of `types[i]`,
+    `bandwidth[(i, j)]` Gbit/s apart (i < j): one machine per GPU type, joined at their fastest pair."""
     by_type: dict[str, list[int]] = {}
     for position, gpu_type in enumerate(types):
         by_type.setdefault(_type_name(gpu_type), []).append(position)
-    bandwidth = {(a, b): gbps for a, b, _, gbps in pairs}
-    machines, links = [], []
+    machines, links, nominal = [], [], []
     for name, members in by_type.items():
         machine_name = host if len(by_type) == 1 else f"{host}-{name.lower()}"
-        gpu_type = types[members[0]]
-        intra = ring_gbps(bandwidth, members) if len(members) > 1 else max(bandwidth.values(), default=16.0)
-        machines.append({"name": machine_name, "gpu": gpu_type, "count": len(members), "intra_gbps": intra})
+        inside = {pair: gbps for pair, gbps in bandwidth.items() if set(pair) <= set(members)}
+        intra = ring_gbps(inside, members) if len(members) > 1 else max(bandwidth.values(), default=16.0)
+        machines.append({"name": machine_name, "gpu": types[members[0]], "count": len(members), "intra_gbps": intra})
         nominal.append(f"{machine_name}.intra_gbps: the best ring over nvidia-smi topo -m's classes, nominal rates")
-    names = list(by_type)
-    for i, first in enumerate(names):
-        for second in names[i + 1:]:
-            cross = [gbps for a, b, _, gbps in pairs
-                     if {_type_name(types[a]), _type_name(types[b])} == {first, second}]
-            links.append({"a": machines[i]["name"], "b": machines[names.index(second)]["name"],
-                          "gbps": max(cross)})
-    return _probe(host, outputs, gpus, [(gpus[a].index, gpus[b].index, c, g) for a, b, c, g in pairs],
-                  nics, machines, links, nominal, types)
+    groups = list(by_type.values())
+    for i, first in enumerate(groups):
+        for j in range(i + 1, len(groups)):
+            cross = [gbps for (a, b), gbps in bandwidth.items()
+                     if (a in first and b in groups[j]) or (b in first and a in groups[j])]
+            links.append({"a": machines[i]["name"], "b": machines[j]["name"], "gbps": max(cross)})
+    return machines, links, nominal
+
+
+def regroup(probe_json: dict) -> dict:
+    """A probe's machines made again from its `gpus` and `pairs`, so that an edited probe (a GPU deleted
+    from it) says what it now holds."""
+    if not probe_json.get("gpus"):
+        return probe_json
+    specs = {_type_name(m["gpu"]): m["gpu"] for m in probe_json["machines"]}
+    gpus = probe_json["gpus"]
+    position = {f"GPU{g['index']}": i for i, g in enumerate(gpus)}
+    bandwidth = {tuple(sorted((position[p["a"]], position[p["b"]]))): p["gbps"] for p in probe_json["pairs"]
+                 if p["a"] in position and p["b"] in position}
+    machines, links, nominal = group_machines(probe_json["host"], [specs.get(g["type"], g["type"]) for g in gpus],
+                                              bandwidth)
+    return {**probe_json, "machines": machines, "links": links, "nominal": nominal}
 
 
 def _probe(host, outputs, gpus, pairs, nics, machines, links, nominal, types=()) -> dict:
