@@ -19,6 +19,8 @@ COMMANDS = {
     "emit --out": (["emit", "mlp", "--topology", TOPOLOGY, "--strategy", "dp-nccl", "--out", "{out}"], "--out", "folder"),
     "profiles export --out": (["profiles", "export", "--out", "{out}"], "--out", "file"),
     "topology random --out": (["topology", "random", "--seed", "3", "--out", "{out}"], "--out", "file"),
+    "topology probe --out": (["topology", "probe", "--out", "{out}"], "--out", "file"),
+    "topology discover --out": (["topology", "discover", "--probes", "probes", "--out", "{out}"], "--out", "file"),
     "report --out": (["report", "--out", "{out}"], "--out", "folder"),
     "train-gnn --out": (["train-gnn", "--out", "{out}", "--generations", "1"], "--out", "file"),
     "calibrate --local --out": (["calibrate", "--local", "2", "--out", "{out}"], "--out", "file"),

@@ -19,8 +19,20 @@ def register(sub) -> None:
     probe.add_argument("--out", help="write the probe here instead of printing it")
     probe.set_defaults(run=run_probe)
 
-    discover = sub.add_parser("discover", help="merge probes of many machines into one validated topology")
-    discover.add_argument("--probes", metavar="DIR", required=True, help="a folder of probe JSON files, one a machine")
+    discover = sub.add_parser("discover", help="one validated topology from probes, a Slurm allocation or a "
+                                               "Kubernetes node list")
+    hosts = discover.add_mutually_exclusive_group(required=True)
+    hosts.add_argument("--probes", metavar="DIR", help="a folder of probe JSON files, one a machine")
+    hosts.add_argument("--slurm", action="store_true",
+                       help="the hosts of a Slurm allocation (scontrol, sinfo GRES; leaf switches as racks)")
+    hosts.add_argument("--kubernetes", metavar="NODES_JSON",
+                       help="the GPU nodes of `kubectl get nodes -o json` (GPU feature discovery labels)")
+    discover.add_argument("--recorded", metavar="DIR",
+                          help="with --slurm: the outputs of scontrol and sinfo, from files in DIR")
+    discover.add_argument("--nodelist", help="with --slurm: the hosts (default $SLURM_JOB_NODELIST)")
+    discover.add_argument("--with-probes", metavar="DIR",
+                          help="with --slurm or --kubernetes: probes of (some of) the hosts, for their GPU pairs")
+    discover.add_argument("--catalog", metavar="FILE", help="as for probe: GPUs the catalog lacks")
     discover.add_argument("--name", default="discovered", help="the topology's name (default: discovered)")
     discover.add_argument("--inter-gbps", type=float, default=None,
                           help="between machines whose NICs report no speed (default 10, nominal)")
@@ -74,11 +86,15 @@ def run_discover(args) -> int:
         output_file(args.out, "--out")
     if args.inter_gbps is not None and not 0 < args.inter_gbps < float("inf"):
         raise TagInputError("--inter-gbps", f"must be a positive number of Gbit/s, got {args.inter_gbps:g}")
-    probes = read_probes(Path(args.probes))
-    topology, nominal = merge(probes, args.name, args.inter_gbps or DEFAULT_INTER_GBPS)
+    if (args.recorded or args.nodelist) and not args.slurm:
+        raise TagInputError("--recorded" if args.recorded else "--nodelist", "goes with --slurm")
+    if args.with_probes and args.probes:
+        raise TagInputError("--with-probes", "goes with --slurm or --kubernetes")
+    probes, racks, said = _hosts(args)
+    topology, nominal = merge(probes, args.name, args.inter_gbps or DEFAULT_INTER_GBPS, racks)
     text = json.dumps(topology, indent=1) + "\n"
     devices = sum(m["count"] for m in topology["machines"])
-    _emit(text, args.out, f"{len(probes)} probes, {len(topology['machines'])} machines, {devices} devices")
+    _emit(text, args.out, f"{len(probes)} hosts, {len(topology['machines'])} machines, {devices} devices{said}")
     if args.out:  # on stdout the topology alone, so that it pipes
         print("nominal figures (until `tag calibrate` measures them):")
         for line in nominal:
@@ -94,3 +110,36 @@ def run_diff(args) -> int:
     for line in changes or ["no change"]:
         print(line)
     return 0
+
+
+def _hosts(args) -> tuple[list[dict], dict[str, str] | None, str]:
+    """(a probe per host, host -> rack or None, a note for the summary line) from the chosen source."""
+    from tag_core.cluster.probe import kubernetes, slurm
+    from tag_core.cluster.probe.discover import host_probe, read_probes
+
+    if args.probes:
+        return read_probes(Path(args.probes)), None, ""
+    catalog = _catalog(args.catalog)
+    probed = {p["host"]: p for p in read_probes(Path(args.with_probes))} if args.with_probes else {}
+    if args.slurm:
+        hosts, gres, switches = slurm.read(Path(args.recorded) if args.recorded else None, args.nodelist)
+        gpu_hosts = [h for h in hosts if h in gres or h in probed]
+        if not gpu_hosts:
+            raise TagInputError("--slurm", f"none of the {len(hosts)} hosts has GPUs in its GRES")
+        untyped = next((h for h in gpu_hosts if h not in probed and gres[h].gpu_type is None), None)
+        if untyped:
+            raise TagInputError("sinfo", f"{untyped}: its GRES names no GPU type (gpu:{gres[untyped].count}); "
+                                         "give its probe with --with-probes")
+        probes = [probed.get(h) or host_probe(h, gres[h].gpu_type, gres[h].count, None, "Slurm's GRES", catalog)
+                  for h in gpu_hosts]
+        racks = {h: switches.get(h, "unplaced") for h in gpu_hosts} if switches else None
+        left = len(hosts) - len(gpu_hosts)
+        return probes, racks, f" ({left} hosts without GPUs left out)" if left else ""
+    nodes, without = kubernetes.read_nodes(Path(args.kubernetes))
+    if not nodes:
+        raise TagInputError("--kubernetes", f"none of the {without} nodes has nvidia.com/gpu.* labels")
+    probes = [probed.get(n.name) or host_probe(n.name, n.product.replace("-", " "), n.count, n.memory_mib,
+                                               "Kubernetes' labels", catalog) for n in nodes]
+    places = {n.name: n.rack or n.zone for n in nodes}
+    racks = {name: place or "unplaced" for name, place in places.items()} if any(places.values()) else None
+    return probes, racks, f" ({without} nodes without GPUs left out)" if without else ""

@@ -12,7 +12,9 @@ from tag_core.errors import TagInputError
 
 from ..topology import Topology
 from ..topology_json import parse_topology
-from .machine import PROBE_VERSION, regroup
+from .links import pair_gbps
+from .machine import PROBE_VERSION, _gpu_type, regroup
+from .nvidia_smi import Gpu
 
 DEFAULT_INTER_GBPS = 10.0
 
@@ -87,3 +89,14 @@ def probes_topology(folder: Path, name: str) -> Topology:
     """The validated topology of a probe folder (a snapshot source of the sensor)."""
     topology, _ = merge(read_probes(folder), name)
     return parse_topology(topology, source=str(folder))
+
+
+def host_probe(host: str, gpu_name: str, count: int, memory_mib: float | None, source: str,
+               catalog: dict[str, dict] | None = None) -> dict:
+    """A probe made from what a scheduler knows of a host (its GPU model and count): no pair classes, so the
+    machine's inside is the GPU generation's PCIe x16 figure, nominal."""
+    gpu_type = _gpu_type(Gpu(0, gpu_name, memory_mib, None, None), catalog or {})
+    intra = pair_gbps("PIX", gpu_name, gpu_name)
+    return {"probe": PROBE_VERSION, "host": host, "source": source, "gpus": [], "pairs": [], "nics": [],
+            "machines": [{"name": host, "gpu": gpu_type, "count": count, "intra_gbps": intra}], "links": [],
+            "nominal": [f"{host}.intra_gbps: PCIe x16 ({source} says nothing of NVLink; probe it for its classes)"]}
