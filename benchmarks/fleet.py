@@ -167,8 +167,7 @@ def main() -> int:
             plan = json.loads(store.load_plans(conn, models[0]).iloc[0].plan)
         results["store_writes"] = {
             "duckdb": write_latency(str(root / "latency.duckdb"), plan),
-            "postgres": write_latency(settings["TAG_STORE"].rsplit("/", 1)[0] + "/latency", plan)
-            if _make_database(settings["TAG_STORE"], "latency") else None,
+            "postgres": write_latency(_database(settings["TAG_STORE"], "latency"), plan),
         }
         print(results["store_writes"], flush=True)
     finally:
@@ -200,12 +199,13 @@ def _pid(root: Path, worker: int) -> int:
     return int((root / "pids" / f"worker-{worker}.pid").read_text())
 
 
-def _make_database(url: str, name: str) -> bool:
-    import psycopg
+def _database(url: str, name: str) -> str:
+    """A new database `name` beside the store's, on the same server; its URL."""
+    from tag_core.store.postgres import create_databases
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return True
+    server = url.rsplit("/", 1)[0]
+    create_databases(server, [name])
+    return f"{server}/{name}"
 
 
 def markdown(results: dict) -> str:

@@ -57,13 +57,9 @@ def start_postgres(folder: Path, port: int) -> str:
     _server_tool([postgres_bin("pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-o", options, "-w",
                   "-t", "60", "start"])
     base = f"postgresql://{POSTGRES_USER}@{HOST}:{port}"
-    import psycopg
+    from tag_core.store.postgres import create_databases
 
-    with psycopg.connect(f"{base}/postgres", autocommit=True, connect_timeout=10) as conn:
-        present = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
-        for name in DATABASES:
-            if name not in present:
-                conn.execute(f'CREATE DATABASE "{name}"')
+    create_databases(base, list(DATABASES))
     return base
 
 

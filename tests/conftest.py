@@ -180,9 +180,8 @@ def postgres_url(postgres_server: str) -> str:
     """A new, empty database on the session's server, for one test."""
     import uuid
 
-    import psycopg
+    from tag_core.store.postgres import create_databases
 
     name = f"test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{postgres_server}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    create_databases(postgres_server, [name])
     return f"{postgres_server}/{name}"

@@ -153,6 +153,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def create_databases(server: str, names: list[str]) -> None:
+    """Create the databases of `names` that the server at `server` (a URL without a database) lacks."""
+    import psycopg
+
+    with psycopg.connect(f"{server}/postgres", autocommit=True, connect_timeout=10) as raw:
+        present = {row[0] for row in raw.execute("SELECT datname FROM pg_database")}
+        for name in names:
+            if name not in present:
+                raw.execute(f'CREATE DATABASE "{name}"')
+
+
 def connect(url: str, read_only: bool, wait_s: float) -> PostgresConnection:
     """A session on the server, retried while it cannot be reached, up to `wait_s`; then one line."""
     import psycopg

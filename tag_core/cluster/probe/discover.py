@@ -13,7 +13,7 @@ from tag_core.errors import TagInputError
 from ..topology import Topology
 from ..topology_json import parse_topology
 from .links import pair_gbps
-from .machine import PROBE_VERSION, _gpu_type, regroup
+from .machine import PROBE_VERSION, gpu_type_of, regroup
 from .nvidia_smi import Gpu
 
 DEFAULT_INTER_GBPS = 10.0
@@ -73,16 +73,12 @@ def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INT
     if racks is not None:
         topology["racks"] = [{"name": rack} for rack in sorted({m["rack"] for m in machines})]
         topology["uplinks"] = {"rack": {"gbps": inter}}
-        topology["links"] = [link for link in links if _same_rack(topology, link)]
+        rack = {m["name"]: m["rack"] for m in machines}  # a link may not join two racks: the uplink does
+        topology["links"] = [link for link in links if rack[link["a"]] == rack[link["b"]]]
         if not topology["links"]:
             del topology["links"]
     parse_topology(topology, source=name)  # what it writes validates
     return topology, nominal
-
-
-def _same_rack(topology: dict, link: dict) -> bool:
-    rack = {m["name"]: m["rack"] for m in topology["machines"]}
-    return rack[link["a"]] == rack[link["b"]]
 
 
 def probes_topology(folder: Path, name: str) -> Topology:
@@ -95,7 +91,7 @@ def host_probe(host: str, gpu_name: str, count: int, memory_mib: float | None, s
                catalog: dict[str, dict] | None = None) -> dict:
     """A probe made from what a scheduler knows of a host (its GPU model and count): no pair classes, so the
     machine's inside is the GPU generation's PCIe x16 figure, nominal."""
-    gpu_type = _gpu_type(Gpu(0, gpu_name, memory_mib, None, None), catalog or {})
+    gpu_type = gpu_type_of(Gpu(0, gpu_name, memory_mib, None, None), catalog or {})
     intra = pair_gbps("PIX", gpu_name, gpu_name)
     return {"probe": PROBE_VERSION, "host": host, "source": source, "gpus": [], "pairs": [], "nics": [],
             "machines": [{"name": host, "gpu": gpu_type, "count": count, "intra_gbps": intra}], "links": [],

@@ -81,7 +81,7 @@ def probe(recorded: Path | None = None, catalog: dict[str, dict] | None = None) 
     if not gpus:
         machines = [{"name": host, "gpu": "cpu", "count": 1, "intra_gbps": CPU_INTRA_GBPS}]
         return _probe(host, outputs, [], [], nics, machines, [], [f"{host}.intra_gbps: one CPU device, nothing crosses it"])
-    types = [_gpu_type(gpu, catalog or {}) for gpu in gpus]
+    types = [gpu_type_of(gpu, catalog or {}) for gpu in gpus]
     pairs = _pairs(outputs, gpus)
     machines, links, nominal = group_machines(host, types, {(a, b): gbps for a, b, _, gbps in pairs})
     return _probe(host, outputs, gpus, [(gpus[a].index, gpus[b].index, c, g) for a, b, c, g in pairs],
@@ -172,7 +172,7 @@ def _nics(outputs: Outputs) -> list[network.Nic]:
     return nics
 
 
-def _gpu_type(gpu: Gpu, catalog: dict[str, dict]):
+def gpu_type_of(gpu: Gpu, catalog: dict[str, dict]):
     """A catalog name, or the user's inline object for this nvidia-smi name; else one line saying how to add it."""
     if gpu.name in catalog:
         return catalog[gpu.name]
