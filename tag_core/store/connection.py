@@ -87,13 +87,10 @@ def connect(path: str | Path | None = None, read_only: bool = False):
     target, where = location(path)
     if isinstance(target, str):
         conn = connect_server(target, read_only=False, wait_s=store_wait_s())
-        try:
+        with _closed_on_error(conn):
             ensure_schema(conn)  # cheap once current; a read-only session then cannot write
             if read_only:
                 conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-        except BaseException:
-            conn.close()
-            raise
         return conn
     path = target
     if path.is_dir():
@@ -108,13 +105,16 @@ def connect(path: str | Path | None = None, read_only: bool = False):
         except OSError as exc:  # e.g. TAG_HOME is a file
             raise TagInputError(where, f"cannot create directory {str(path.parent)!r} ({exc.strerror})") from None
     conn = _connect_waiting(path, read_only, where)
-    if not read_only:
-        _ensure_or_close(conn)
-        return conn
-    found = _version_or_close(conn)
+    with _closed_on_error(conn):
+        if not read_only:
+            ensure_schema(conn)
+            return conn
+        found = stored_version(conn)
+        refuse_newer(found)
     if found is not None and found < SCHEMA_VERSION and os.access(path, os.W_OK):  # an older release's file
         conn.close()
-        _ensure_or_close(_connect_waiting(path, False, where)).close()
+        with _connect_waiting(path, False, where) as writable:
+            ensure_schema(writable)
         conn = _connect_waiting(path, True, where)
     return conn
 
@@ -131,23 +131,14 @@ def connect_if_present(path: str | Path | None = None):
         return None
 
 
-def _ensure_or_close(conn):
+@contextlib.contextmanager
+def _closed_on_error(conn) -> Iterator:
+    """A connection that a failure while setting it up closes at once (DuckDB's file lock goes with it)."""
     try:
-        ensure_schema(conn)
+        yield conn
     except BaseException:
         conn.close()
         raise
-    return conn
-
-
-def _version_or_close(conn) -> int | None:
-    try:
-        found = stored_version(conn)
-        refuse_newer(found)
-    except BaseException:
-        conn.close()
-        raise
-    return found
 
 
 def _connect_waiting(path: Path, read_only: bool, where: str) -> duckdb.DuckDBPyConnection:
