@@ -60,9 +60,6 @@ class Result:
     def fetchall(self) -> list[tuple]:
         return self._cursor.fetchall() if self._cursor.description else []
 
-    def __iter__(self):
-        return iter(self.fetchall())
-
     def df(self) -> pd.DataFrame:
         description = self._cursor.description or []
         names = [column.name for column in description]
