@@ -183,24 +183,3 @@ def test_diff_says_in_words_what_changed(tmp_path: Path) -> None:
         "between machines: 100 Gbit/s -> 25 Gbit/s", "link a <-> b is gone (was 50 Gbit/s)"]
     assert tag("diff", str(tmp_path / "old.json"), str(tmp_path / "old.json")).stdout == "no change\n"
     assert tag("diff", str(tmp_path / "old.json"), str(tmp_path / "none.json")).returncode == 2
-
-
-def test_slurm_host_lists_and_gres_fields() -> None:
-    from tag_core.cluster.probe.slurm import expand_hostlist, parse_gres
-
-    assert expand_hostlist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07", "gpu5"]
-    with pytest.raises(ValueError, match="unbalanced"):
-        expand_hostlist("node[01-03")
-    gres = parse_gres("node01 gpu:v100:4(S:0-1)\nnode02 (null)\nnode03 gpu:2,mps:100\n")
-    assert {name: (g.gpu_type, g.count) for name, g in gres.items()} == {"node01": ("v100", 4), "node03": (None, 2)}
-    with pytest.raises(TagInputError, match=r"^sinfo .*: line 1: GRES 'gpu:v100' has no GPU count"):
-        parse_gres("node01 gpu:v100")
-
-
-def test_slurm_without_its_tools_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[01-02]")
-    from tag_core.cluster.probe.slurm import read
-
-    with pytest.raises(TagInputError, match=r"^scontrol: not found on PATH: --slurm runs inside a Slurm allocation"):
-        read(None, None)

@@ -25,8 +25,8 @@ def register(sub) -> None:
     hosts.add_argument("--probes", metavar="DIR", help="a folder of probe JSON files, one a machine")
     hosts.add_argument("--slurm", action="store_true",
                        help="the hosts of a Slurm allocation (scontrol, sinfo GRES; leaf switches as racks)")
-    hosts.add_argument("--kubernetes", metavar="NODES_JSON",
-                       help="the GPU nodes of `kubectl get nodes -o json` (GPU feature discovery labels)")
+    hosts.add_argument("--kubernetes", metavar="NODES_FILE",
+                       help="the GPU nodes of `kubectl get nodes -o json` or `-o yaml` (GPU feature discovery labels)")
     discover.add_argument("--recorded", metavar="DIR",
                           help="with --slurm: the outputs of scontrol and sinfo, from files in DIR")
     discover.add_argument("--nodelist", help="with --slurm: the hosts (default $SLURM_JOB_NODELIST)")
@@ -36,6 +36,10 @@ def register(sub) -> None:
     discover.add_argument("--name", default="discovered", help="the topology's name (default: discovered)")
     discover.add_argument("--inter-gbps", type=float, default=None,
                           help="between machines whose NICs report no speed (default 10, nominal)")
+    discover.add_argument("--uplink-gbps", type=float, default=None,
+                          help="with racks: each rack's uplink, Gbit/s (default: the machines' own link speed)")
+    discover.add_argument("--oversubscription", type=float, default=None,
+                          help="with racks: the uplink's oversubscription ratio (default 1)")
     discover.add_argument("--out", help="write the topology here instead of printing it")
     discover.set_defaults(run=run_discover)
 
@@ -80,18 +84,29 @@ def run_probe(args) -> int:
 
 
 def run_discover(args) -> int:
-    from tag_core.cluster.probe.discover import DEFAULT_INTER_GBPS, merge, read_probes
+    from tag_core.cluster.probe.discover import DEFAULT_INTER_GBPS, merge
 
     if args.out:
         output_file(args.out, "--out")
-    if args.inter_gbps is not None and not 0 < args.inter_gbps < float("inf"):
-        raise TagInputError("--inter-gbps", f"must be a positive number of Gbit/s, got {args.inter_gbps:g}")
+    for flag, gbps in (("--inter-gbps", args.inter_gbps), ("--uplink-gbps", args.uplink_gbps)):
+        if gbps is not None and not 0 < gbps < float("inf"):
+            raise TagInputError(flag, f"must be a positive number of Gbit/s, got {gbps:g}")
     if (args.recorded or args.nodelist) and not args.slurm:
         raise TagInputError("--recorded" if args.recorded else "--nodelist", "goes with --slurm")
     if args.with_probes and args.probes:
         raise TagInputError("--with-probes", "goes with --slurm or --kubernetes")
+    if args.oversubscription is not None and not 1 <= args.oversubscription < float("inf"):
+        raise TagInputError("--oversubscription", f"must be a ratio of at least 1, got {args.oversubscription:g}")
     probes, racks, said = _hosts(args)
-    topology, nominal = merge(probes, args.name, args.inter_gbps or DEFAULT_INTER_GBPS, racks)
+    uplink = None
+    if args.uplink_gbps is not None or args.oversubscription is not None:
+        if racks is None:
+            raise TagInputError("--uplink-gbps" if args.uplink_gbps is not None else "--oversubscription",
+                                "the hosts have no racks (Slurm's topology or a rack or zone label names them)")
+        if args.uplink_gbps is None:
+            raise TagInputError("--uplink-gbps", "is needed with --oversubscription")
+        uplink = {"gbps": args.uplink_gbps, "oversubscription": args.oversubscription or 1.0}
+    topology, nominal = merge(probes, args.name, args.inter_gbps or DEFAULT_INTER_GBPS, racks, uplink)
     text = json.dumps(topology, indent=1) + "\n"
     devices = sum(m["count"] for m in topology["machines"])
     _emit(text, args.out, f"{len(probes)} hosts, {len(topology['machines'])} machines, {devices} devices{said}")

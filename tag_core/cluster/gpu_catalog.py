@@ -43,7 +43,8 @@ class GpuType:
 
 
 # SXM variants for V100/A100/H100/H200 (the NVLink boxes these clusters are made of);
-# P100 is the PCIe card the TAG testbed used. The host CPU entry is a generic figure:
+# P100 is the PCIe card the TAG testbed used; A10, A30 and L40S are the PCIe cards of shared clusters
+# (the UCI HPC3 Slurm fixture has A30 and L40S nodes beside V100 and A100). The host CPU entry is a generic figure:
 # profiles measured on this machine's CPU are stored with device_type "cpu".
 _ENTRIES = (
     GpuType("V100-16GB", tflops=15.7, mem_gb=16, mem_bw_gbps=900, fp16_tflops=125),
@@ -51,6 +52,9 @@ _ENTRIES = (
     GpuType("P100-16GB", tflops=9.3, mem_gb=16, mem_bw_gbps=732, fp16_tflops=18.7),
     GpuType("GTX1080Ti", tflops=11.34, mem_gb=11, mem_bw_gbps=484),
     GpuType("T4", tflops=8.1, mem_gb=16, mem_bw_gbps=320, fp16_tflops=65),
+    GpuType("A10", tflops=31.2, mem_gb=24, mem_bw_gbps=600, fp16_tflops=125),
+    GpuType("A30", tflops=10.3, mem_gb=24, mem_bw_gbps=933, fp16_tflops=165),
+    GpuType("L40S", tflops=91.6, mem_gb=48, mem_bw_gbps=864, fp16_tflops=362),
     GpuType("A100-40GB", tflops=19.5, mem_gb=40, mem_bw_gbps=1555, fp16_tflops=312),
     GpuType("A100-80GB", tflops=19.5, mem_gb=80, mem_bw_gbps=2039, fp16_tflops=312),
     GpuType("H100-80GB", tflops=67.0, mem_gb=80, mem_bw_gbps=3350, fp16_tflops=989),
@@ -84,6 +88,9 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "v100": ("V100-16GB", "V100-32GB"),
     "p100": ("P100-16GB",),
     "t4": ("T4",),
+    "a10": ("A10",),
+    "a30": ("A30",),
+    "l40s": ("L40S",),
 }
 
 

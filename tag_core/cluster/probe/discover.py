@@ -39,8 +39,9 @@ def read_probes(folder: Path) -> list[dict]:
 
 
 def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INTER_GBPS,
-          racks: dict[str, str] | None = None) -> tuple[dict, list[str]]:
-    """(topology JSON, the nominal figures in words). `racks`: host -> rack name (Slurm's switches)."""
+          racks: dict[str, str] | None = None, uplink: dict | None = None) -> tuple[dict, list[str]]:
+    """(topology JSON, the nominal figures in words). `racks`: host -> rack name (Slurm's switches);
+    `uplink`: the racks' uplink ({gbps, oversubscription?}); without it, the machines' own link speed."""
     hosts = Counter(p["host"].lower() for p in probes)
     twice = [host for host, n in hosts.items() if n > 1]
     if twice:
@@ -72,7 +73,11 @@ def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INT
         topology["links"] = links
     if racks is not None:
         topology["racks"] = [{"name": rack} for rack in sorted({m["rack"] for m in machines})]
-        topology["uplinks"] = {"rack": {"gbps": inter}}
+        if uplink is None:
+            uplink = {"gbps": inter}
+            nominal.append(f"uplinks.rack: {inter:g} Gbit/s, not oversubscribed (no tool reports a rack's "
+                           "uplink; give --uplink-gbps and --oversubscription)")
+        topology["uplinks"] = {"rack": uplink}
         rack = {m["name"]: m["rack"] for m in machines}  # a link may not join two racks: the uplink does
         topology["links"] = [link for link in links if rack[link["a"]] == rack[link["b"]]]
         if not topology["links"]:

@@ -1,7 +1,7 @@
-"""GPU nodes of a Kubernetes cluster from `kubectl get nodes -o json`: NVIDIA GPU feature discovery's labels
-(`nvidia.com/gpu.product`, `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` in MiB) and the topology labels
-(`topology.kubernetes.io/zone`, a rack label such as `topology.kubernetes.io/rack`). Nodes without GPU labels
-are left out, and counted."""
+"""GPU nodes of a Kubernetes cluster from `kubectl get nodes -o json` (or `-o yaml`): NVIDIA GPU feature
+discovery's labels (`nvidia.com/gpu.product`, `nvidia.com/gpu.count`, `nvidia.com/gpu.memory` in MiB) and the
+topology labels (`topology.kubernetes.io/zone`, a rack label such as `topology.kubernetes.io/rack`). Nodes
+without GPU labels are left out, and counted."""
 
 from __future__ import annotations
 
@@ -27,13 +27,19 @@ class GpuNode:
 
 
 def read_nodes(path: Path) -> tuple[list[GpuNode], int]:
-    """(the GPU nodes, how many nodes had no GPU labels) of a `kubectl get nodes -o json` file (a List, or
-    one Node)."""
-    tool = f"kubectl get nodes -o json ({path})"
+    """(the GPU nodes, how many nodes had no GPU labels) of a `kubectl get nodes -o json` or `-o yaml` file (a
+    List, or one Node)."""
+    tool = f"kubectl get nodes ({path})"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TagInputError(tool, str(exc).splitlines()[0]) from None
+        text = path.read_text()
+    except OSError as exc:
+        raise TagInputError(tool, str(exc)) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        if text.lstrip().startswith(("{", "[")):
+            raise TagInputError(tool, f"not JSON: {exc}") from None
+        data = _yaml(text, tool)
     items = data.get("items") if isinstance(data, dict) and data.get("kind") != "Node" else [data]
     if not isinstance(items, list):
         raise TagInputError(tool, "neither a List of nodes (`items`) nor a Node")
@@ -55,3 +61,15 @@ def read_nodes(path: Path) -> tuple[list[GpuNode], int]:
                              next((labels[k] for k in ZONE_LABELS if k in labels), None),
                              next((labels[k] for k in RACK_LABELS if k in labels), None)))
     return nodes, without
+
+
+def _yaml(text: str, tool: str):
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise TagInputError(tool, f"not JSON, and not YAML: {where}{problem}") from None

@@ -1,6 +1,7 @@
-"""A Slurm allocation's hosts, their GPUs and racks: `scontrol show hostnames`, `sinfo -N -h -o "%N %G"` (each
-node's GRES) and `scontrol show topology` (its switch tree: a leaf switch's nodes are one rack). Parsers of
-the tools' text; `read` runs them here, or reads them from a recorded folder."""
+"""A Slurm allocation's hosts, their GPUs and racks: `scontrol show hostnames`, each node's GRES (`sinfo -N -h
+-o "%N %G"`, any sinfo table with NODELIST and GRES columns, or `scontrol show node`) and `scontrol show
+topology` (a leaf switch of topology/tree, or a block of topology/block, is one rack). Parsers of the tools'
+text; `read` runs them here, or reads them from a recorded folder."""
 
 from __future__ import annotations
 
@@ -14,25 +15,29 @@ from tag_core.errors import TagInputError
 
 HOSTNAMES = "scontrol show hostnames"
 SINFO = 'sinfo -N -h -o "%N %G"'
+SCONTROL_NODE = "scontrol show node"
 TOPOLOGY = "scontrol show topology"
 RECORDED = {"scontrol-show-hostnames.txt": HOSTNAMES, "sinfo-gres.txt": SINFO,
-            "scontrol-show-topology.txt": TOPOLOGY}
+            "scontrol-show-node.txt": SCONTROL_NODE, "scontrol-show-topology.txt": TOPOLOGY}
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's host list syntax: `node[01-03,07],gpu5` -> node01 node02 node03 node07 gpu5."""
-    hosts, depth, start = [], 0, 0
-    parts = []
+def split_top_level(text: str) -> list[str]:
+    """`a[1-2,4],b(S:0,1),c` -> [a[1-2,4], b(S:0,1), c]: commas inside brackets or parentheses do not split."""
+    parts, depth, start = [], 0, 0
     for i, char in enumerate(text):
-        depth += char == "["
-        depth -= char == "]"
+        depth += char in "[("
+        depth -= char in "])"
         if char == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    for part in (p.strip() for p in parts):
-        if not part:
-            continue
+    return [part.strip() for part in parts if part.strip()]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host list syntax: `node[01-03,07],gpu5` -> node01 node02 node03 node07 gpu5."""
+    hosts = []
+    for part in split_top_level(text):
         match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
         if not match:
             if "[" in part or "]" in part:
@@ -56,7 +61,7 @@ def parse_hostnames(text: str, tool: str = HOSTNAMES) -> list[str]:
         raise TagInputError(tool, f"line {bad}: {hosts[bad - 1]!r} is not a host name")
     if not hosts:
         raise TagInputError(tool, "printed no hosts")
-    return hosts
+    return list(dict.fromkeys(hosts))  # scontrol repeats a host listed twice
 
 
 @dataclass(frozen=True)
@@ -65,46 +70,98 @@ class Gres:
     count: int
 
 
-def parse_gres(text: str, tool: str = SINFO) -> dict[str, Gres]:
-    """Each node's GPUs from `NODE GRES` lines, e.g. `node01 gpu:v100:4(S:0-1)`; nodes without GPUs left out."""
-    nodes = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+def gpus_of(gres: str) -> Gres | None:
+    """The GPUs of one GRES field (`gpu:v100:4(S:0-1),lscratch:3200`), None without any; ValueError when the
+    field is cut short or mixes GPU types."""
+    found = []
+    for item in split_top_level(gres):
+        parts = re.sub(r"\(.*\)$", "", item).split(":")  # socket affinity, e.g. (S:0-1)
+        if parts[0] != "gpu":
             continue
+        if len(parts) > 3 or not parts[-1].isdigit():
+            raise ValueError(f"GRES {item!r} has no GPU count")
+        found.append(Gres(parts[1] if len(parts) == 3 else None, int(parts[-1])))
+    if not found:
+        return None
+    if len({g.gpu_type for g in found}) > 1:
+        raise ValueError(f"GRES {gres!r} mixes GPU types on one node (give its probe with --with-probes)")
+    return Gres(found[0].gpu_type, sum(g.count for g in found))
+
+
+def _rows(text: str) -> tuple[str, list[tuple[int, str, str]]]:
+    """(the tool, its (line, node list, GRES) rows) of any of the outputs Slurm prints GRES in: `scontrol show
+    node` records, an `sinfo` table with a header naming NODELIST (or HOSTNAMES) and GRES columns, or `sinfo -h
+    -o "%N %G"`'s two bare columns."""
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if lines and lines[0][1].lstrip().startswith("NodeName="):
+        rows, current = [], None
+        for number, line in lines:
+            fields = dict(re.findall(r"(?<!\S)(\w+)=(\S*)", line))
+            if "NodeName" in fields:
+                current = [number, fields["NodeName"], "(null)"]
+                rows.append(current)
+            if "Gres" in fields:
+                current[2] = fields["Gres"]
+        return SCONTROL_NODE, [tuple(row) for row in rows]
+    header = lines[0][1].upper().split() if lines else []
+    node_column = next((header.index(name) for name in ("NODELIST", "HOSTNAMES") if name in header), None)
+    if "GRES" in header and node_column is not None:
+        columns, gres_column, body = len(header), header.index("GRES"), lines[1:]
+    elif header and header[0] in ("NODELIST", "HOSTNAMES"):
+        raise TagInputError("sinfo", "line 1: the table has no GRES column (add %G to its -o format)")
+    else:
+        columns, node_column, gres_column, body = 2, 0, 1, lines
+    rows = []
+    for number, line in body:
         fields = line.split()
-        if len(fields) != 2:
-            raise TagInputError(tool, f"line {number}: not `NODE GRES`: {line.strip()!r}")
-        node, gres = fields
-        for item in gres.split(","):
-            item = re.sub(r"\(.*?\)$", "", item)  # socket affinity, e.g. (S:0-1)
-            parts = item.split(":")
-            if parts[0] != "gpu":
-                continue
-            if not parts[-1].isdigit():
-                raise TagInputError(tool, f"line {number}: GRES {item!r} has no GPU count")
-            gpu_type = parts[1] if len(parts) == 3 else None
-            previous = nodes.get(node)
-            nodes[node] = Gres(gpu_type if previous is None else previous.gpu_type,
-                               int(parts[-1]) + (previous.count if previous else 0))
-    return nodes
+        if len(fields) != columns:
+            raise TagInputError("sinfo", f"line {number}: {len(fields)} fields where {columns} columns are "
+                                         f"expected: {line.strip()!r}")
+        rows.append((number, fields[node_column], fields[gres_column]))
+    return "sinfo", rows
 
 
-def parse_switches(text: str, tool: str = TOPOLOGY) -> dict[str, str]:
-    """Host -> its leaf switch (a rack), from `SwitchName=s0 Level=0 LinkSpeed=1 Nodes=node[01-02]` lines."""
+def parse_gres(text: str) -> dict[str, Gres]:
+    """Each node's GPUs (nodes without GPUs left out) from `sinfo` or `scontrol show node`. A node listed twice
+    (`sinfo -N` prints a node once per partition) must say the same both times."""
+    tool, rows = _rows(text)
+    nodes = {}
+    for number, node_list, gres in rows:
+        try:
+            hosts, gpus = expand_hostlist(node_list), gpus_of(gres)
+        except ValueError as exc:
+            raise TagInputError(tool, f"line {number}: {exc} (cut off at the column's width? widen %N or %G "
+                                      "in the format)") from None
+        for host in hosts:
+            if host in nodes and nodes[host] != gpus:
+                raise TagInputError(tool, f"line {number}: {host} is listed again with other GPUs ({gres})")
+            nodes[host] = gpus
+    return {host: gpus for host, gpus in nodes.items() if gpus is not None}
+
+
+def parse_switches(text: str) -> dict[str, str]:
+    """Host -> its rack: the leaf switch of topology/tree (`SwitchName=s0 Level=0 LinkSpeed=1 Nodes=node[01-02]`)
+    or the block of topology/block (`BlockName=block01 BlockIndex=0 Nodes=node[000-017] BlockSize=18`)."""
     racks = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
-        if "SwitchName" not in fields or "Level" not in fields:
-            raise TagInputError(tool, f"line {number}: not a `SwitchName=… Level=…` line: {line.strip()!r}")
-        if fields["Level"] == "0" and "Nodes" in fields:
-            try:
-                hosts = expand_hostlist(fields["Nodes"])
-            except ValueError as exc:
-                raise TagInputError(tool, f"line {number}: Nodes={fields['Nodes']}: {exc}") from None
-            for host in hosts:
-                racks[host] = fields["SwitchName"]
+        if "BlockName" in fields:
+            rack = fields["BlockName"]
+        elif "SwitchName" in fields and "Level" in fields:
+            rack = fields["SwitchName"] if fields["Level"] == "0" else None
+        else:
+            raise TagInputError(TOPOLOGY, f"line {number}: neither a `SwitchName=… Level=…` nor a `BlockName=…` "
+                                          f"line: {line.strip()!r}")
+        if rack is None or "Nodes" not in fields:
+            continue
+        try:
+            hosts = expand_hostlist(fields["Nodes"])
+        except ValueError as exc:
+            raise TagInputError(TOPOLOGY, f"line {number}: Nodes={fields['Nodes']}: {exc}") from None
+        for host in hosts:
+            racks.setdefault(host, rack)
     return racks
 
 
@@ -120,17 +177,30 @@ def _run(argv: list[str]) -> str:
 
 
 def read(recorded: Path | None, nodelist: str | None) -> tuple[list[str], dict[str, Gres], dict[str, str]]:
-    """(hosts, their GPUs, their racks) of the allocation `nodelist` (default $SLURM_JOB_NODELIST)."""
+    """(hosts, their GPUs, their racks) of the allocation `nodelist` (default $SLURM_JOB_NODELIST). From a
+    recorded folder: the hosts of `--nodelist` or of scontrol-show-hostnames.txt, the GRES of sinfo-gres.txt or
+    scontrol-show-node.txt, and the racks of scontrol-show-topology.txt where there is one."""
     if recorded is not None:
-        def get(name: str) -> str:
+        def text(name: str) -> str | None:
             path = recorded / name
-            if not path.is_file():
-                raise TagInputError("--recorded", f"{path} is missing (the output of `{RECORDED[name]}`)")
-            return path.read_text(errors="replace")
+            return path.read_text(errors="replace") if path.is_file() else None
 
-        topology = recorded / "scontrol-show-topology.txt"
-        return (parse_hostnames(get("scontrol-show-hostnames.txt")), parse_gres(get("sinfo-gres.txt")),
-                parse_switches(topology.read_text()) if topology.is_file() else {})
+        if nodelist:
+            try:
+                hosts = list(dict.fromkeys(expand_hostlist(nodelist)))
+            except ValueError as exc:
+                raise TagInputError("--nodelist", str(exc)) from None
+        elif (listed := text("scontrol-show-hostnames.txt")) is not None:
+            hosts = parse_hostnames(listed)
+        else:
+            raise TagInputError("--recorded", f"{recorded} has no scontrol-show-hostnames.txt (the output of "
+                                              f"`{HOSTNAMES}`); give it, or --nodelist")
+        gres = text("sinfo-gres.txt") or text("scontrol-show-node.txt")
+        if gres is None:
+            raise TagInputError("--recorded", f"{recorded} has neither sinfo-gres.txt (`{SINFO}`) nor "
+                                              f"scontrol-show-node.txt (`{SCONTROL_NODE}`)")
+        topology = text("scontrol-show-topology.txt")
+        return hosts, parse_gres(gres), parse_switches(topology) if topology else {}
     import os
 
     nodelist = nodelist or os.environ.get("SLURM_JOB_NODELIST")
