@@ -147,6 +147,8 @@ def test_this_machine_probes_and_discovers_a_valid_topology(tmp_path: Path) -> N
     here = json.loads((probes / "here.json").read_text())
     assert here["machines"] and all(m["count"] >= 1 for m in here["machines"])
     assert isinstance(here["nics"], list)
+    checked = tag("validate", str(probes / "here.json"))  # the probe itself validates, as a one-host topology
+    assert checked.returncode == 0 and "a probe: checked as the topology" in checked.stdout, checked.stderr
     shutil.copy(probes / "here.json", probes / "dgx.json")
     dgx = probe(recorded(tmp_path, ("dgx1/nvidia-smi-topo-m.txt", "nvidia-smi-topo-m.txt"),
                          ("dgx1/nvidia-smi.txt", "nvidia-smi.txt"), ("dgx1/ibstat.txt", "ibstat.txt")))

@@ -54,14 +54,30 @@ def summary(topo) -> dict:
     }
 
 
+def _is_probe(path: str) -> bool:
+    """A file from `tag topology probe` (its JSON has a `probe` version) rather than a topology."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return False  # load_topology says what is wrong with it
+    return isinstance(data, dict) and "probe" in data
+
+
 def run_validate(args) -> int:
     from tag_core.cluster.topology_json import load_topology
 
-    topo = load_topology(args.file)
+    probe = _is_probe(args.file)
+    if probe:
+        from tag_core.cluster.probe.discover import probe_file_topology
+
+        topo = probe_file_topology(Path(args.file))
+    else:
+        topo = load_topology(args.file)
     if args.json:
         print_json(summary(topo))
         return 0
-    print(f"topology {topo.name}: OK  (hash {topo.content_hash()})")
+    print(f"topology {topo.name}: OK  (hash {topo.content_hash()})"
+          + ("\na probe: checked as the topology `tag topology discover` makes of it alone" if probe else ""))
     inside = " inside a rack" if topo.racks else ""
     print(f"{len(topo.machines)} machines, {topo.num_devices} devices, inter-machine {_fmt(topo.inter_gbps)} Gbps{inside}")
     for line in _hierarchy_lines(topo):

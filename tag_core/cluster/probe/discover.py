@@ -26,16 +26,17 @@ def read_probes(folder: Path) -> list[dict]:
     files = sorted(folder.glob("*.json"))
     if not files:
         raise TagInputError("--probes", f"{folder} holds no *.json probes (write them with `tag topology probe`)")
-    probes = []
-    for path in files:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise TagInputError(str(path), f"not a probe: {str(exc).splitlines()[0]}") from None
-        if not isinstance(data, dict) or data.get("probe") != PROBE_VERSION or not data.get("machines"):
-            raise TagInputError(str(path), f"not a probe of version {PROBE_VERSION} (from `tag topology probe`)")
-        probes.append(regroup(data))
-    return probes
+    return [read_probe(path) for path in files]
+
+
+def read_probe(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TagInputError(str(path), f"not a probe: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or data.get("probe") != PROBE_VERSION or not data.get("machines"):
+        raise TagInputError(str(path), f"not a probe of version {PROBE_VERSION} (from `tag topology probe`)")
+    return regroup(data)
 
 
 def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INTER_GBPS,
@@ -84,6 +85,12 @@ def merge(probes: list[dict], name: str, default_inter_gbps: float = DEFAULT_INT
             del topology["links"]
     parse_topology(topology, source=name)  # what it writes validates
     return topology, nominal
+
+
+def probe_file_topology(path: Path) -> Topology:
+    """The topology of one probe file alone (what `discover` makes of it), named after its host."""
+    probe = read_probe(path)
+    return parse_topology(merge([probe], probe["host"])[0], source=str(path))
 
 
 def probes_topology(folder: Path, name: str) -> Topology:
