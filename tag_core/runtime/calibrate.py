@@ -33,6 +33,7 @@ from tag_core.cluster.gpu_catalog import lookup_gpu
 from tag_core.cluster.topology import Machine, Topology
 
 from .local_cluster import child_env, local_cluster, task_servers
+from .run_result import one_line_tail
 
 KB, MB = 2**10, 2**20
 DEFAULT_SIZES = (4 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB)
@@ -96,8 +97,7 @@ def measure(target_args: list[str], tasks: int, settings: CalibrationSettings, p
                 raise CalibrationError(f"{label}: no answer within {allowed:g} s; the measurement was "
                                        "stopped") from None
             if line is None:  # the child closed its output
-                detail = " | ".join(x for x in stderr_tail if x and x.strip() and "oneDNN" not in x)[-600:]
-                raise CalibrationError(f"the measuring process ended without finishing: {detail or 'no output'}")
+                raise CalibrationError(f"the measuring process ended without finishing: {one_line_tail(stderr_tail)}")
             event = _parse(line)
             if event is None:
                 continue

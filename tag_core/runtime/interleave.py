@@ -57,6 +57,7 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
                         between_rounds: Callable[[int], None] | None = None) -> list[Interleaved]:
     """Time `steps` steps of each emission folder, interleaved over `rounds` rounds (see the module docstring)."""
     from .local_cluster import ServerStartError, child_env, local_cluster
+    from .run_result import one_line_tail
     from .supervisor import _kill, _pump, check_folder, pinned_problem
 
     echo = echo or (lambda line: None)
@@ -99,8 +100,7 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
     except ServerStartError as exc:
         finished, stderr_tail = f"the local TF servers did not start: {exc}", deque()
     if finished is not True:
-        detail = " | ".join(x for x in stderr_tail if x.strip() and "oneDNN" not in x)[-600:]
-        message = finished or f"the measuring process ended early: {detail or 'no output'}"
+        message = finished or f"the measuring process ended early: {one_line_tail(stderr_tail)}"
         for outcome in outcomes:
             if outcome.error is None:
                 outcome.error = message

@@ -146,3 +146,8 @@ def hang_message(stage: str, timeout: float, meta: dict) -> str:
 def failure_message(stderr_tail: deque) -> str:
     detail = "\n".join(line for line in stderr_tail if line and line.strip())[-3000:]
     return f"the run failed:\n{detail}"
+
+
+def one_line_tail(stderr_tail: deque) -> str:
+    """A child's last stderr lines as one line (the pump's closing None and oneDNN's notices left out)."""
+    return " | ".join(x for x in stderr_tail if x and x.strip() and "oneDNN" not in x)[-600:] or "no output"
