@@ -379,3 +379,40 @@ def test_a_steps_end_crosses_each_task_once():
                 if task_of(sink.by_name[parse_input(i)[0]].device) != task_of(train.device)]
     assert sorted(crossing) == ["lonely", "tag/train/task_1", "tag/train/task_2"]  # one edge per other task
     assert all(task_of(sink.by_name[n].device) == n[-1] for n in crossing if n.startswith("tag/train/"))
+
+
+def test_a_plan_that_stays_on_one_device_emits_the_graph_of_single(tmp_path):
+    """The planner's `single` (step 8) and the `single` baseline emit one GraphDef and one cluster: a fidelity
+    run that times both measures one graph twice, so a gap between them is the measurement's."""
+    from simgraphs import profiles
+
+    from tag_core.emit import write_emission
+    from tag_core.plan.planner import plan
+    from tag_core.search import Budget
+    from tag_core.search.baselines import baseline
+    from tag_core.simulate.simulator import Simulator
+
+    path = tmp_path / "slow.json"  # two CPU tasks over a link too slow for any sync to pay
+    path.write_text(json.dumps({"name": "slow", "inter_gbps": 0.001, "machines": [
+        {"name": "task0", "gpu": "cpu", "count": 1, "intra_gbps": 100},
+        {"name": "task1", "gpu": "cpu", "count": 1, "intra_gbps": 100}]}))
+    topology = load_topology(path)
+    planned = {}
+
+    def by_planner(graph, topo):
+        planned["result"] = plan(graph, topo, profiles(graph, "cpu"), batch_size=8, budget=Budget(iterations=5),
+                                 sfb=False)
+        planned["result"].strategy.name = "tag"
+        return planned["result"].strategy
+
+    def by_baseline(graph, topo):
+        return baseline("single", Simulator(graph, topo, profiles(graph, "cpu"), batch_size=8))
+
+    tag = emit(resolve_model(MLP, 8), topology, by_planner, "cpu")
+    single = emit(resolve_model(MLP, 8), topology, by_baseline, "cpu")
+    assert planned["result"].one_device is not None  # the planner chose one device
+    assert _bytes(tag, normal=True) == _bytes(single, normal=True)
+    for emission, name in ((tag, "tag"), (single, "single")):
+        write_emission(emission, tmp_path / name)
+    assert (tmp_path / "tag" / "cluster.json").read_text() == (tmp_path / "single" / "cluster.json").read_text()
+    assert (tmp_path / "tag" / "graph.pb").read_bytes() == (tmp_path / "single" / "graph.pb").read_bytes()
