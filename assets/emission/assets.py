@@ -7,14 +7,12 @@ import hashlib
 
 from dagster import (
     AssetExecutionContext,
-    Config,
     DataVersion,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 from dagster_duckdb import DuckDBResource
-from pydantic import Field
 
 from tag_core import artifacts, store
 from tag_core.capture import resolve_model
@@ -28,17 +26,7 @@ from tag_pipelines.resources import open_store
 
 from ..planning import deployment_plan
 from .checks import GRAPH_CHECK, graph_check
-
-
-class EmitConfig(Config):
-    device_kind: str = Field(default="gpu", description="gpu (the real cluster) or cpu (logical CPU devices).")
-    check_steps: int = Field(default=2, description="Steps the check runs on local TF servers.")
-    check_timeout_s: float = Field(default=600.0, description="Seconds the check may run.")
-    check_rewrites: bool = Field(default=False, description="Grappler rewrites on in the check's session "
-                                 "(off: it starts in a fraction of the time on big graphs; its step times do not count).")
-    check_max_parameter_bytes: int = Field(default=64 * 2**20,
-                                           description="Models with more parameters are not run here.")
-    check_max_ops: int = Field(default=60_000, description="Emitted graphs with more ops are not run here.")
+from .config import EmitConfig
 
 
 def graph_folder(model: str, topology: str):

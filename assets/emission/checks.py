@@ -7,15 +7,13 @@ to run here pass with `ran: False` and the reason.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, MetadataValue
 
 from tag_core.emit import Emission
 from tag_core.runtime import run_emitted
 
-if TYPE_CHECKING:
-    from .assets import EmitConfig
+from .config import EmitConfig
 
 CHECK = "graph_matches_single_device"
 GRAPH_CHECK = AssetCheckSpec(CHECK, asset="distributed_graph",
