@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m tag_core.simulate.warm
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
