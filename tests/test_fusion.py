@@ -274,9 +274,26 @@ def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     assert check["kept_regions"] == len(checked.regions) and checked.regions in ([], tuned.regions)
     assert check["variants"][0]["regions"] == len(tuned.regions)  # the regions were a candidate, timed first
     assert all(v["rounds"] >= 6 for v in check["variants"] if "ratio" in v)
-    ratios = [v.get("ratio", float("inf")) for v in check["variants"]]
-    kept = bool(checked.patterns or checked.regions)
-    assert kept == (min(ratios) <= 1 - STEP_MARGIN)
+    beat = [v for v in check["variants"] if "ratio" in v and v["ratio"] <= 1 - STEP_MARGIN
+            and v["ratio_interval"][1] < 1.0]
+    assert bool(checked.patterns or checked.regions) == bool(beat)
+
+
+def test_a_variant_is_kept_on_its_interval_and_the_first_of_those_alike_wins():
+    """The step check's choice on paired ratios (no timing here: the rule itself)."""
+    from tag_core.fusion.paired import median_interval
+    from tag_core.fusion.step_check import _choose
+
+    assert median_interval([0.9, 0.95, 1.0, 1.05, 1.1, 1.2]) == (0.9, 1.025, 1.2)  # 6 rounds: the extremes
+    low, median, high = median_interval([0.9 + 0.01 * (k % 5) for k in range(40)])
+    assert low <= median <= high < 1.0
+    variants = ["all", "half", "quarter"]
+    # A median past the margin whose interval reaches 1 is noise: nothing is kept.
+    assert _choose(variants, [(0.90, 0.96, 1.01), (0.9, 1.0, 1.1), (0.9, 1.0, 1.1)], 0.02) is None
+    # Two that beat the plain step and that the noise cannot tell apart: the first, not the lower median.
+    assert _choose(variants, [(0.93, 0.95, 0.97), (0.92, 0.94, 0.96), (0.9, 1.0, 1.1)], 0.02) == "all"
+    # One clearly faster than the other: that one.
+    assert _choose(variants, [(0.95, 0.96, 0.97), (0.80, 0.82, 0.84), (0.9, 1.0, 1.1)], 0.02) == "half"
 
 
 @pytest.mark.timeout(600)

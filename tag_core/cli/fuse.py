@@ -53,7 +53,8 @@ def run(args) -> int:
         return 0
     check = plan.measured.get("step_check")
     if check:
-        tried = ", ".join(f"{_variant(v)} " + (f"x{v['ratio']:.3f}" if "ratio" in v else "failed to compile")
+        tried = ", ".join(f"{_variant(v)} " + (f"x{v['ratio']:.3f} ({v['ratio_interval'][0]:.3f}-"
+                                                 f"{v['ratio_interval'][1]:.3f})" if "ratio" in v else "failed to compile")
                           for v in check["variants"])
         print(f"step check against the plain step ({check['plain_ms']:.1f} ms, at least {check['rounds']} rounds each): {tried}; "
               f"kept {_variant({'patterns': check['kept_patterns'], 'regions': check.get('kept_regions', 0)})}")

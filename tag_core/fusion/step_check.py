@@ -10,8 +10,12 @@ them that saved most, and with the compiled regions tuning proposed
 step, its session closed before the next one opens: with the pattern
 variants' sessions open beside it, a region's step on the transformer measured
 0.90-0.98 of the plain step, against 0.82-0.84 alone. The regions go first.
-The fastest is kept if it beats the plain step by `STEP_MARGIN`; otherwise the
-plan is emptied, which is the plain step. A tuned plan is therefore never slower than no XLA beyond the noise of that comparison.
+A variant beats the plain step when the median of its paired ratios (variant
+over plain, round by round) is `STEP_MARGIN` below 1 and the confidence interval
+of that median stays below 1 (paired.py). Of those, the first in that order whose
+median is within the fastest one's interval is kept, so that variants the noise
+cannot tell apart do not take turns from run to run; with none, the plan is
+emptied, which is the plain step. A tuned plan is therefore never slower than no XLA beyond the noise of that comparison.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from tag_core.capture.graph import copy_graph_def
 
+from .paired import median_interval
 from .patterns import FusionPlan
 
 STEP_MARGIN = 0.02  # the whole step with the plan must be this much faster than without (noise here: ~2%)
@@ -69,7 +74,7 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
         return session
 
     plain_session = session_for(None)
-    ratios, rounds, plain_times = [], [], []
+    intervals, rounds, plain_times = [], [], []
     try:
         for _ in range(2):
             start = time.perf_counter()
@@ -77,19 +82,19 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
         warm = time.perf_counter() - start  # the plain step's time should no variant compile
         for variant in variants:  # each alone beside the plain step: variants' sessions never share the process
             found = _paired_with_plain(plain_session, session_for(variant), fetches, feed, seconds)
-            ratios.append(found[0] if found else float("inf"))
-            rounds.append(found[1] if found else 0)
-            plain_times.extend(found[2] if found else [])
+            intervals.append(median_interval(found[0]) if found else (np.inf, np.inf, np.inf))
+            rounds.append(len(found[0]) if found else 0)
+            plain_times.extend(found[1] if found else [])
     finally:
         plain_session.close()
-    best = int(np.argmin(ratios))
-    chosen = variants[best] if ratios[best] <= 1.0 - margin else replace(plan, patterns=[], regions=[])
+    chosen = _choose(variants, intervals, margin) or replace(plan, patterns=[], regions=[])
     measured = dict(chosen.measured, step_check={
         "plain_ms": round(float(np.median(plain_times or [warm])) * 1e3, 3),
         "rounds": min((n for n in rounds if n), default=0),
         "variants": [{"patterns": len(v.patterns), "regions": len(v.regions), "rounds": n,
-                      **({"ratio": round(r, 4)} if np.isfinite(r) else {"failed": True})}
-                     for v, r, n in zip(variants, ratios, rounds)],
+                      **({"ratio": round(median, 4), "ratio_interval": [round(low, 4), round(high, 4)]}
+                         if np.isfinite(median) else {"failed": True})}
+                     for v, (low, median, high), n in zip(variants, intervals, rounds)],
         "kept_patterns": len(chosen.patterns), "kept_regions": len(chosen.regions)})
     if not chosen.patterns:
         measured["pattern_saving_us"] = []
@@ -97,10 +102,20 @@ def check_step(plan: FusionPlan, step, spec, margin: float = STEP_MARGIN, second
     return replace(chosen, kernels_after=plan.kernels_before - fused_ops + len(chosen.patterns), measured=measured)
 
 
+def _choose(variants: list[FusionPlan], intervals: list[tuple[float, float, float]], margin: float):
+    """The first variant that beats the plain step (see the module docstring) with a median within the fastest
+    one's interval; None when none beats it."""
+    beats = [k for k, (_, median, high) in enumerate(intervals) if median <= 1.0 - margin and high < 1.0]
+    if not beats:
+        return None
+    fastest = min(beats, key=lambda k: intervals[k][1])
+    return variants[next(k for k in beats if intervals[k][1] <= intervals[fastest][2])]
+
+
 def _paired_with_plain(plain_session, session, fetches, feed, seconds: float):
-    """(median of the variant's step over the plain step's in the same round, rounds, the plain step's times), a
-    step of each in turn, for at least 6 rounds and `seconds` of variant steps; None if XLA could not compile the
-    variant. Closes the variant's session."""
+    """(the variant's step over the plain step's, round by round; the plain step's times), a step of each in
+    turn, for at least 6 rounds and `seconds` of variant steps; None if XLA could not compile the variant.
+    Closes the variant's session."""
     import tensorflow as tf
 
     try:
@@ -123,7 +138,7 @@ def _paired_with_plain(plain_session, session, fetches, feed, seconds: float):
     finally:
         session.close()
     plain = np.array(times[plain_session])
-    return float(np.median(np.array(times[session]) / plain)), len(plain), list(plain)
+    return list(np.array(times[session]) / plain), list(plain)
 
 
 def step_fetches(step) -> list[str]:

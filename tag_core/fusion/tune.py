@@ -4,8 +4,9 @@ Each pattern is cut out of the step graph into a micro-graph (its external
 inputs become placeholders) and timed twice, as plain TF ops and as one XLA
 cluster, in alternating runs so that a change of load on a shared machine
 hits both alike. A pattern is kept only when its cluster wins by a margin
-(`MIN_WIN_S` and `MIN_WIN_FRACTION`): an XLA cluster adds executor ops of its
-own, and a tie is better left to TF. Patterns with the same op types and input
+(`MIN_WIN_S` and `MIN_WIN_FRACTION`) in the median of the paired runs, and the
+confidence interval of that median excludes no gain (paired.py): an XLA cluster
+adds executor ops of its own, and a tie is better left to TF. Patterns with the same op types and input
 shapes are timed once. Integer and boolean inputs (shapes, indices, masks) are
 the step's real values when the step can be run (`step_values`); floating
 inputs are random. On this machine that means XLA on the CPU; on a GPU host,
@@ -23,6 +24,7 @@ import numpy as np
 
 from tag_core.capture.graph import copy_graph_def
 
+from .paired import median_interval
 from .patterns import FusionPlan
 
 TUNE_RUNS = 15
@@ -70,21 +72,20 @@ def tune_plan(plan: FusionPlan, graph_def, roots: list[str], runs: int = TUNE_RU
         if timing is None:
             untimed += 1
             continue
-        plain, fused = timing
-        if wins(plain, fused):
+        if timing.wins:
             kept.append(pattern)
-            saving_us.append(round((plain - fused) * 1e6, 2))
+            saving_us.append(round(timing.saving_s * 1e6, 2))
         else:
             dropped += 1
     fused_ops = sum(len(p) for p in kept)
-    won = [plain - fused for plain, fused in filter(None, timings.values()) if wins(plain, fused)]
+    won = [timing.saving_s for timing in filter(None, timings.values()) if timing.wins]
     measured = dict(plan.measured, tuned_patterns_kept=len(kept), tuned_patterns_dropped=dropped,
                     tuned_patterns_untimed=untimed, tuned_signatures=len(timings),
                     tuned_saving_ms=round(sum(won) * 1e3, 4), pattern_saving_us=saving_us)
     outside = set()
     for name in tqdm(compute, desc="time library calls", unit="op", disable=not progress):
         timing = _timing(micros[name], runs, timings)
-        if timing is None or timing[1] > LIBRARY_SLOWDOWN * timing[0]:
+        if timing is None or timing.fused_s > LIBRARY_SLOWDOWN * timing.plain_s:
             outside.add(name)
     if compute:
         measured.update(library_calls_timed=len(compute), library_calls_outside=len(outside))
@@ -97,8 +98,23 @@ def tune_plan(plan: FusionPlan, graph_def, roots: list[str], runs: int = TUNE_RU
     )
 
 
-def _timing(micro, runs: int, timings: dict) -> tuple[float, float] | None:
-    """(plain, XLA) median seconds of a micro-graph, or None if it cannot run; memoised by signature."""
+@dataclass(frozen=True)
+class PairedTiming:
+    """A micro-graph's runs as plain TF ops and as one XLA cluster, in alternating pairs."""
+
+    plain_s: float  # median seconds a run, plain
+    fused_s: float  # median seconds a run, as one cluster
+    saving_s: float  # median of the paired savings (plain - fused)
+    saving_low_s: float  # the low end of its confidence interval
+
+    @property
+    def wins(self) -> bool:
+        """The median saving clears the margin, and its interval excludes no saving at all."""
+        return self.saving_s >= max(MIN_WIN_S, MIN_WIN_FRACTION * self.plain_s) and self.saving_low_s > 0
+
+
+def _timing(micro, runs: int, timings: dict) -> PairedTiming | None:
+    """A micro-graph's paired timing, or None if it cannot run; memoised by signature."""
     import tensorflow as tf
 
     if micro is None or any(p not in micro.feeds for p in micro.exact.values()):
@@ -110,10 +126,6 @@ def _timing(micro, runs: int, timings: dict) -> tuple[float, float] | None:
         except tf.errors.OpError:
             timings[signature] = None
     return timings[signature]
-
-
-def wins(plain_s: float, fused_s: float) -> bool:
-    return plain_s - fused_s >= max(MIN_WIN_S, MIN_WIN_FRACTION * plain_s)
 
 
 def _digest(value: np.ndarray):
@@ -246,8 +258,8 @@ def _sample(shape: list[int], dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype.as_numpy_dtype)
 
 
-def _time_both(micro: _Micro, runs: int) -> tuple[float, float]:
-    """Median seconds per run as plain TF ops and as one XLA cluster, the two runs alternating."""
+def _time_both(micro: _Micro, runs: int) -> PairedTiming:
+    """Runs as plain TF ops and as one XLA cluster, the two alternating."""
     feeds, fetches = micro.feeds, micro.fetches
     sessions = [_session(micro.graph_def, xla=False), _session(micro.graph_def, xla=True)]
     try:
@@ -266,7 +278,8 @@ def _time_both(micro: _Micro, runs: int) -> tuple[float, float]:
     finally:
         for session in sessions:
             session.close()
-    return statistics.median(times[0]), statistics.median(times[1])
+    low, saving, _ = median_interval([plain - fused for plain, fused in zip(*times)])
+    return PairedTiming(statistics.median(times[0]), statistics.median(times[1]), saving, low)
 
 
 def _session(graph_def, xla: bool):
