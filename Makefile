@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m tag_core.simulate.warm
+	$(PY) -m tag_core.plan.warm_kernels
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

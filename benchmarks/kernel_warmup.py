@@ -1,9 +1,9 @@
 """The first `tag plan` after an install, with and without `make install`'s kernel warm-up
-(tag_core.simulate.warm): how many MCTS iterations a time budget buys when the simulator's numba kernels
+(tag_core.plan.warm_kernels): how many MCTS iterations a time budget buys when the simulator's numba kernels
 must first compile, and when their cache is already there.
 
 Each round plans one model on one topology in a fresh `tag plan` process twice: with an empty numba cache
-(cold, as before the warm-up), and with a cache that only `python -m tag_core.simulate.warm` filled
+(cold, as before the warm-up), and with a cache that only `python -m tag_core.plan.warm_kernels` filled
 (warmed). Medians over the rounds go to benchmarks/kernel_warmup.json and .md, with each plan's peak RSS.
 
     python benchmarks/kernel_warmup.py [--rounds 3] [--budget-seconds 10] [--model mlp]
@@ -53,7 +53,7 @@ def main() -> None:
                 cache = Path(work) / f"numba-{state}-{r}"
                 env["NUMBA_CACHE_DIR"] = str(cache)
                 if state == "warmed":
-                    subprocess.run([sys.executable, "-m", "tag_core.simulate.warm"], cwd=ROOT, env=env, check=True,
+                    subprocess.run([sys.executable, "-m", "tag_core.plan.warm_kernels"], cwd=ROOT, env=env, check=True,
                                    capture_output=True)
                 row = {"round": r, "state": state, **plan_once(env, args.model, args.topology, args.budget_seconds)}
                 print(row, flush=True)

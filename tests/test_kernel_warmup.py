@@ -1,4 +1,4 @@
-"""`make install` compiles every numba kernel of the simulator into its cache (tag_core.simulate.warm), so that
+"""`make install` compiles every numba kernel of the simulator into its cache (tag_core.plan.warm_kernels), so that
 the first plan after an install searches rather than compiles: each @njit function has its cache index."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_the_warm_up_caches_every_kernel(tmp_path: Path) -> None:
         kernels |= {(source.stem, name) for name in re.findall(r"@njit\([^)]*\)\s*\ndef (\w+)", source.read_text())}
     assert len(kernels) >= 10
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "tag_core.simulate.warm"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tag_core.plan.warm_kernels"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("simulator kernels compiled and cached")

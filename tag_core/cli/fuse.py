@@ -53,9 +53,13 @@ def run(args) -> int:
         return 0
     check = plan.measured.get("step_check")
     if check:
-        tried = ", ".join(f"{_variant(v)} " + (f"x{v['ratio']:.3f} ({v['ratio_interval'][0]:.3f}-"
-                                                 f"{v['ratio_interval'][1]:.3f})" if "ratio" in v else "failed to compile")
-                          for v in check["variants"])
+        def said(v: dict) -> str:
+            if "ratio" not in v:
+                return "failed to compile"
+            low, high = v["ratio_interval"]
+            return f"x{v['ratio']:.3f} ({low:.3f}-{high:.3f})"
+
+        tried = ", ".join(f"{_variant(v)} {said(v)}" for v in check["variants"])
         print(f"step check against the plain step ({check['plain_ms']:.1f} ms, at least {check['rounds']} rounds each): {tried}; "
               f"kept {_variant({'patterns': check['kept_patterns'], 'regions': check.get('kept_regions', 0)})}")
     print(f"{spec.name}: {len(plan.patterns)} patterns fuse {plan.ops_fused} ops; "

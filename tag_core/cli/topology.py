@@ -58,7 +58,7 @@ def _is_probe(path: str) -> bool:
     """A file from `tag topology probe` (its JSON has a `probe` version) rather than a topology."""
     try:
         data = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # nested too deep, too
         return False  # load_topology says what is wrong with it
     return isinstance(data, dict) and "probe" in data
 

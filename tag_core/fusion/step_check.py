@@ -15,7 +15,8 @@ over plain, round by round) is `STEP_MARGIN` below 1 and the confidence interval
 of that median stays below 1 (paired.py). Of those, the first in that order whose
 median is within the fastest one's interval is kept, so that variants the noise
 cannot tell apart do not take turns from run to run; with none, the plan is
-emptied, which is the plain step. A tuned plan is therefore never slower than no XLA beyond the noise of that comparison.
+emptied, which is the plain step. A tuned plan is therefore never slower than no XLA beyond the noise of
+that comparison.
 """
 
 from __future__ import annotations
