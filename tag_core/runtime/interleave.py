@@ -13,7 +13,9 @@ measurement's and extends the deadline.
 
 The graphs share the servers, so each one's collective keys are moved to a range of its own, and its
 variables live in a resource container of its own. The parent kills the child at the deadline; every
-process is gone when `measure_interleaved` returns.
+process is gone when `measure_interleaved` returns. The parent also watches the server processes: when one
+dies, it stops the measurement at once with one line naming the task (tag_core.runtime.server_death), and each
+graph keeps the steps it had timed by then.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, Callable
 from tag_core.errors import TagInputError
 
 from .measure import StepTiming
+from .server_death import ServerWatch
 
 KEY_STRIDE = 1_000_000  # collective group and instance keys of graph k start at k * KEY_STRIDE
 STARTUP_S = 120.0  # TF import and registering every graph
@@ -41,11 +44,13 @@ STARTUP_S = 120.0  # TF import and registering every graph
 
 @dataclass
 class Interleaved:
-    """One graph's outcome: its timed steps, or the error that dropped it."""
+    """One graph's outcome: its timed steps, or the error that dropped it; `stopped` says why the measurement
+    ended before all its steps were timed (those it timed stand)."""
 
     folder: Path
     seconds: list[float] = field(default_factory=list)
     error: str | None = None
+    stopped: str | None = None
 
     @property
     def timing(self) -> StepTiming | None:
@@ -94,28 +99,36 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
             threading.Thread(target=_pump, args=(child.stderr, stderr_tail.append), daemon=True).start()
             deadline = time.monotonic() + timeout + STARTUP_S
             try:
-                finished = _follow(events, outcomes, deadline, echo, resume)
+                finished = _follow(events, outcomes, deadline, echo, resume, ServerWatch(cluster.servers))
             finally:
                 _kill(child)
     except ServerStartError as exc:
         finished, stderr_tail = f"the local TF servers did not start: {exc}", deque()
     if finished is not True:
         message = finished or f"the measuring process ended early: {one_line_tail(stderr_tail)}"
+        echo(message)
         for outcome in outcomes:
-            if outcome.error is None:
+            if outcome.error is None and outcome.seconds:  # what was timed before stands
+                outcome.stopped = message
+            elif outcome.error is None:
                 outcome.error = message
     return outcomes
 
 
 def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float, echo: Callable[[str], None],
-            resume: Callable[[int], None]) -> bool | str | None:
-    """Read the child's events into `outcomes`: True when it finished, else why not (None: it just ended)."""
+            resume: Callable[[int], None], watch: ServerWatch) -> bool | str | None:
+    """Read the child's events into `outcomes`: True when it finished, else why not (None: it just ended).
+    The servers are polled about once a second: a dead one ends the measurement, whatever TF would still wait for."""
+    from .server_death import death_within
     from .supervisor import _parse
 
     while True:
         wait = deadline - time.monotonic()
         if wait <= 0:
             return "the interleaved measurement did not finish in time; it was stopped"
+        died = watch.death()
+        if died is not None:
+            return died
         try:
             line = events.get(timeout=min(wait, 1.0))
         except queue.Empty:
@@ -131,6 +144,9 @@ def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float, e
         if kind == "step":
             outcomes[event["graph"]].seconds.append(event["seconds"])
         elif kind == "error":
+            died = death_within(watch)  # the server's death, not the graph's own error
+            if died is not None:
+                return died
             outcomes[event["graph"]].error = event["message"]
             echo(f"{outcomes[event['graph']].folder.name}: {event['message']}")
         elif kind == "round":
@@ -188,7 +204,9 @@ def run(args) -> int:
     for k, folder in enumerate(map(Path, args.folders)):
         plan = json.loads((folder / "plan.json").read_text())
         meta = plan["emission"]
-        graph_def = _load_graph_def(folder, meta, args.timeout, meta["device_kind"] == "gpu")
+        runs = args.warmup + args.steps + args.rounds  # and one untimed step per round
+        graph_def = _load_graph_def(folder, meta, args.timeout, meta["device_kind"] == "gpu", runs=runs,
+                                    share=1 / len(args.folders))
         separate(graph_def, k)
         try:
             distributed = Distributed(graph_def, meta, target, soft=False)

@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -62,6 +62,9 @@ class ServerProcess:
     address: str
     pid: int
     core: int | None  # the core it is pinned to, or None
+    # The process and the end of its stderr, read on: how it ended, should it die (tag_core.runtime.server_death).
+    process: subprocess.Popen | None = field(default=None, compare=False, repr=False)
+    stderr: deque | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -212,8 +215,8 @@ def _wait_until_serving(children: list[subprocess.Popen], tasks: list[int], clus
                                    f"serving: {_tail(stderr_tails[i])}")
             if time.monotonic() > deadline:
                 raise ServerStartError(f"the server of task {tasks[i]} did not start serving in time")
-    return [ServerProcess(task=t, address=cluster["worker"][t], pid=c.pid, core=core)
-            for t, c, core in zip(tasks, children, cores)]
+    return [ServerProcess(task=t, address=cluster["worker"][t], pid=c.pid, core=core, process=c, stderr=tail)
+            for t, c, core, tail in zip(tasks, children, cores, stderr_tails)]
 
 
 def _pump(child: subprocess.Popen, ready: threading.Event, stderr_tail: deque) -> None:

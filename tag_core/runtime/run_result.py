@@ -122,7 +122,7 @@ def describe(event: dict, result: RunResult) -> list[str]:
 
 
 def _error_message(event: dict) -> str:
-    message = f"{event['stage']} failed: {event['kind']}: {event['message']}{event.get('gone') or ''}"
+    message = f"{event['stage']} failed: {event['kind']}: {event['message']}"
     waiting = event.get("waiting") or []
     if waiting:
         message += "\n" + "\n".join(

@@ -40,6 +40,7 @@ from tag_core.errors import TagInputError
 
 from .loopback import NamespaceRefused, child_environment, join_from_environment, loopback_namespace
 from .run_result import LOOPBACK_WHERE, RunResult, describe, failure_message, hang_message
+from .server_death import ServerWatch, death_within
 
 # Every TF child of this package runs as `python -m tag_core.runtime.<module>`, which imports this module first
 # (tag_core.runtime imports it): a child started inside a local run's network namespace joins it here, before
@@ -220,8 +221,14 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
     handle = handle or describe
     stage = "starting"
     heard = time.monotonic()
+    watch = ServerWatch(servers)
     try:
         while True:
+            died = watch.death()  # TF may wait out a long timeout for a dead peer: stop now, naming it
+            if died is not None:
+                _kill(child)
+                result.error = f"{stage} was stopped: {died}"
+                break
             now = time.monotonic()
             wait = None if deadline is None else deadline - now
             if wait is not None and wait <= 0:
@@ -230,8 +237,7 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
                 break
             if silence_s is not None and now - heard > silence_s:
                 _kill(child)
-                result.error = f"{stage} did not finish within {silence_s:g} s; the run was stopped" + \
-                    _gone_tasks(servers)
+                result.error = f"{stage} did not finish within {silence_s:g} s; the run was stopped"
                 break
             try:
                 line = events.get(timeout=1.0 if wait is None else min(wait, 1.0))
@@ -250,7 +256,10 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
                 raise TagInputError(event["where"], event["message"])
             stage = _stage_after(event, stage)
             if event["event"] == "error" and servers:
-                event["gone"] = _gone_tasks(servers)
+                died = death_within(watch)  # then TF's error is only its echo
+                if died is not None:
+                    result.error = f"{stage} was stopped: {died}"
+                    break
             for text in handle(event, result):
                 result.lines.append(text)
                 echo(text)
@@ -264,22 +273,6 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
         echo(result.error)
     result.ok = result.error is None and child.returncode == 0
     return result
-
-
-def _gone_tasks(servers: Sequence) -> str:
-    """"; task K (process P) is gone" for each local server process that is no longer running."""
-    gone = []
-    for server in servers:
-        try:
-            os.kill(server.pid, 0)
-            with open(f"/proc/{server.pid}/stat") as stat:  # a zombie has exited too
-                if stat.read().rsplit(")", 1)[-1].split()[0] == "Z":
-                    gone.append(server)
-        except (ProcessLookupError, FileNotFoundError):
-            gone.append(server)
-        except PermissionError:
-            pass
-    return "".join(f"; task {s.task} (process {s.pid}, {s.address}) is gone" for s in gone)
 
 
 def _pump(stream, put: Callable[[Any], None]) -> None:

@@ -90,19 +90,25 @@ def initial_values(folder: Path, meta: dict) -> list[np.ndarray]:
     return values
 
 
-def _load_graph_def(folder: Path, meta: dict, timeout: float, on_cpu: bool):
+def _load_graph_def(folder: Path, meta: dict, timeout: float, on_cpu: bool, runs: int | None = None,
+                    share: float = 1.0):
+    """The folder's GraphDef, its collectives timed out as tag_core.runtime.collective_timeout says for `runs`
+    executions of the step (None: unbounded) and `share` of the watchdog budget."""
     import tensorflow as tf
     from google.protobuf.message import DecodeError
+
+    from .collective_timeout import collective_timeout_s
 
     graph_def = tf.compat.v1.GraphDef()
     try:
         graph_def.ParseFromString((folder / "graph.pb").read_bytes())
     except DecodeError:
         raise FolderError(f"{folder / 'graph.pb'} is not a GraphDef (corrupt or truncated); emit the folder again") from None
+    collective_timeout = collective_timeout_s(meta, timeout, runs, share)
     for node in graph_def.node:
         if node.op.startswith("Collective"):
             # A missing peer fails the step naming the op, before the session's own deadline (which names none).
-            node.attr["timeout_seconds"].f = max(1.0, 0.8 * float(timeout))
+            node.attr["timeout_seconds"].f = collective_timeout
         if on_cpu:
             node.device = node.device.replace("/device:GPU:", "/device:CPU:")
     return graph_def
@@ -214,7 +220,8 @@ def run(args) -> int:
     if connected is None:  # a task of a real cluster other than 0: it served until stopped
         return 0
     target, servers, on_cpu = connected
-    graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu)
+    warmup_runs = max(args.warmup, MAX_WARMUP_STEPS) if args.warmup_seconds else args.warmup
+    graph_def = _load_graph_def(folder, meta, args.timeout, on_cpu, runs=args.steps + warmup_runs)
     values = initial_values(folder, meta)
     report("start", tasks=len(meta["tasks"]), devices=sum(meta["tasks"]), ops=len(graph_def.node),
            gpu_as_cpu=on_cpu, check=args.check, pinned=target is not None, warmup=args.warmup,

@@ -141,15 +141,15 @@ class Run:
         if self.args.direct:
             from tag_core.runtime.direct import local_step
 
-            graph_def, self.meta = local_step(_load_graph_def(self.folder, self.meta, s["step_timeout"], False),
-                                              self.meta)
+            local = _load_graph_def(self.folder, self.meta, s["step_timeout"], False, runs=s["steps"])
+            graph_def, self.meta = local_step(local, self.meta)
             target, self.servers, on_cpu = "", [], False
         else:
             connected = connect_tasks(self.args, self.meta)
             if connected is None:
                 return 0
             target, self.servers, on_cpu = connected
-            graph_def = _load_graph_def(self.folder, self.meta, s["step_timeout"], on_cpu)
+            graph_def = _load_graph_def(self.folder, self.meta, s["step_timeout"], on_cpu, runs=s["steps"])
         resume = s.get("resume")
         if resume:
             state = read_state(Path(resume))
