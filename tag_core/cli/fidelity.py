@@ -157,7 +157,7 @@ def run(args) -> int:
         print_json(report)
     else:
         print(format_report(report))
-    return 0 if all(r["measured_s"] is not None for r in rows) else 1
+    return 0 if all(r["measured_s"] is not None and not r.get("stopped") for r in rows) else 1
 
 
 def _inputs(args, spec, topology):
@@ -324,6 +324,8 @@ def _measure(args, rows: list[dict], folders: dict[str, Path], between_rounds=No
         stored[name] = measured_step_row(check_folder(folders[name]), timing, strategy=name)
         row.update(measured_s=timing.median_s, spread_s=timing.spread_s, steps=timing.steps,
                    min_s=min(timing.seconds), max_s=max(timing.seconds))
+        if outcome.stopped:  # a server died: the steps timed before stand, fewer than asked
+            row["stopped"] = outcome.stopped
         _say(f"{name}: measured {timing.median_s * 1e3:.2f} ms (interquartile range {timing.spread_s * 1e3:.2f} ms), "
              f"predicted {row['predicted_s'] * 1e3:.2f} ms")
     return stored
@@ -366,8 +368,9 @@ def format_report(report: dict) -> str:
             predicted = "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.2f}"
             lines.append(f"{r['strategy']:<16} {predicted:>13} {'FAILED':>12}  {r.get('error', '').splitlines()[0]}")
             continue
+        partly = f"  ({r['steps']} of {report['steps']} steps)" if r.get("stopped") else ""
         lines.append(f"{r['strategy']:<16} {r['predicted_s'] * 1e3:13.2f} {r['measured_s'] * 1e3:12.2f} "
-                     f"{r['spread_s'] * 1e3:10.2f} {r['relative_error']:+8.1%}")
+                     f"{r['spread_s'] * 1e3:10.2f} {r['relative_error']:+8.1%}{partly}")
     rho, error = report["spearman"], report["median_abs_error"]
     lines.append(f"Spearman rank correlation, predicted against measured: "
                  f"{'undefined' if rho is None else f'{rho:.2f}'}")
