@@ -46,6 +46,7 @@ from tag_core.errors import TagInputError
 
 from .loopback import Namespace, NamespaceRefused, child_environment, loopback_namespace
 from .parent_watch import exit_with_parent as watch_parent
+from .run_result import one_line_tail
 
 LEADER = "/job:worker/replica:0/task:0"  # collectives need one task to resolve their groups
 STARTUP_S = 120.0  # importing TensorFlow in several processes at once on a small machine
@@ -212,7 +213,7 @@ def _wait_until_serving(children: list[subprocess.Popen], tasks: list[int], clus
         while not ready[i].wait(timeout=0.2):
             if child.poll() is not None:
                 raise ServerStartError(f"the server of task {tasks[i]} exited with code {child.returncode} before "
-                                   f"serving: {_tail(stderr_tails[i])}")
+                                   f"serving: {one_line_tail(stderr_tails[i], last=3, limit=800)}")
             if time.monotonic() > deadline:
                 raise ServerStartError(f"the server of task {tasks[i]} did not start serving in time")
     return [ServerProcess(task=t, address=cluster["worker"][t], pid=c.pid, core=core, process=c, stderr=tail)
@@ -225,11 +226,6 @@ def _pump(child: subprocess.Popen, ready: threading.Event, stderr_tail: deque) -
     for line in child.stdout:  # read to the end, so the child never blocks on a full pipe
         if line.startswith('{"event": "serving"'):
             ready.set()
-
-
-def _tail(lines: deque) -> str:
-    useful = [line for line in lines if line.strip() and "oneDNN" not in line and "absl::InitializeLog" not in line]
-    return (" | ".join(useful[-3:]) or "no output")[-800:]
 
 
 def stop(children: list[subprocess.Popen]) -> None:

@@ -148,6 +148,11 @@ def failure_message(stderr_tail: deque) -> str:
     return f"the run failed:\n{detail}"
 
 
-def one_line_tail(stderr_tail: deque) -> str:
-    """A child's last stderr lines as one line (the pump's closing None and oneDNN's notices left out)."""
-    return " | ".join(x for x in stderr_tail if x and x.strip() and "oneDNN" not in x)[-600:] or "no output"
+NOTICES = ("oneDNN", "absl::InitializeLog")  # TF's start-up notices, which say nothing of a failure
+
+
+def one_line_tail(stderr_tail, last: int | None = None, limit: int = 600) -> str:
+    """A child's `last` stderr lines (all: None) as one line of at most `limit` characters; the pump's closing
+    None and TF's start-up notices left out."""
+    useful = [x for x in stderr_tail if x and x.strip() and not any(n in x for n in NOTICES)]
+    return " | ".join(useful[-last:] if last else useful)[-limit:] or "no output"

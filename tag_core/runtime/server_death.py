@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -53,9 +52,9 @@ class ServerWatch:
                 line += f", with {seen.available_bytes / 2**30:.1f} GiB of the machine's memory available"
         tail = getattr(server, "stderr", None)
         if tail:
-            from .local_cluster import _tail  # its filter of TF's start-up notices
+            from .run_result import one_line_tail
 
-            told = _tail(deque(tail))
+            told = one_line_tail(list(tail), last=3, limit=800)
             if told != "no output":
                 line += f"; its stderr: {told[-300:]}"
         return line
