@@ -261,6 +261,7 @@ def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     assert all(p in planned.patterns for p in tuned.patterns)
     assert len(m["pattern_saving_us"]) == len(tuned.patterns)
     assert m["tuned_patterns_untimed"] < len(planned.patterns)  # variables and integer inputs are timed
+    assert 0 <= m["tuned_signatures_timed_longer"] <= m["tuned_signatures"]
     # Every MatMul was timed as a library call; the regions hold all but those XLA ran over 2x slower.
     matmuls = [op.name for op in captured.graph.ops if op.type == "MatMul"]
     assert m["library_calls_timed"] == len(matmuls) and tuned.regions
@@ -272,6 +273,8 @@ def test_tuning_keeps_winners_and_the_step_check_never_adds(tmp_path):
     check = checked.measured["step_check"]
     assert check["rounds"] >= 6 and check["kept_patterns"] == len(checked.patterns)
     assert check["kept_regions"] == len(checked.regions) and checked.regions in ([], tuned.regions)
+    in_kept = {n for region in checked.regions for n in region}
+    assert not any(in_kept.issuperset(p) for p in checked.patterns)  # a pattern inside a region marks nothing
     assert check["variants"][0]["regions"] == len(tuned.regions)  # the regions were a candidate, timed first
     assert all(v["rounds"] >= 6 for v in check["variants"] if "ratio" in v)
     beat = [v for v in check["variants"] if "ratio" in v and v["ratio"] <= 1 - STEP_MARGIN
@@ -294,6 +297,31 @@ def test_a_variant_is_kept_on_its_interval_and_the_first_of_those_alike_wins():
     assert _choose(variants, [(0.93, 0.95, 0.97), (0.92, 0.94, 0.96), (0.9, 1.0, 1.1)], 0.02) == "all"
     # One clearly faster than the other: that one.
     assert _choose(variants, [(0.95, 0.96, 0.97), (0.80, 0.82, 0.84), (0.9, 1.0, 1.1)], 0.02) == "half"
+
+
+def test_patterns_inside_the_regions_leave_the_plan_and_a_saving_near_the_margin_is_timed_longer():
+    """A region's program fuses the patterns within it: only those reaching outside stay. A pattern whose saving's
+    interval holds the margin is undecided (more runs follow); one clear of it either way is not."""
+    from tag_core.fusion.patterns import FusionPlan
+    from tag_core.fusion.regions import outside_regions
+    from tag_core.fusion.tune import PairedTiming
+
+    plan = FusionPlan("m", [["a", "b"], ["c", "x"], ["d", "e"]], 10, 7, 0.0, "V100-32GB",
+                      {"pattern_saving_us": [3.0, 2.0, 1.0]}, regions=[["a", "b", "c", "d", "e", "f"]])
+    outside = outside_regions(plan)
+    assert outside.patterns == [["c", "x"]] and outside.regions == plan.regions
+    assert outside.measured["pattern_saving_us"] == [2.0] and outside.measured["patterns_inside_regions"] == 2
+    assert outside.kernels_after == 10 - 2 + 1
+    assert outside_regions(FusionPlan("m", [["a", "b"]], 4, 3, 0.0, "")).patterns == [["a", "b"]]  # no regions
+
+    margin = PairedTiming(1e-3, 0.9e-3, 0.0, 0.0).margin_s  # 5% of the plain run
+    assert margin == pytest.approx(5e-5)
+    near = PairedTiming(1e-3, 0.9e-3, 6e-5, 4e-5, 8e-5)
+    assert near.wins and near.undecided  # it wins on this median, but the interval holds the margin
+    clear_win = PairedTiming(1e-3, 0.8e-3, 2e-4, 1.5e-4, 2.5e-4)
+    clear_loss = PairedTiming(1e-3, 1.1e-3, -1e-4, -2e-4, 1e-5)
+    assert clear_win.wins and not clear_win.undecided
+    assert not clear_loss.wins and not clear_loss.undecided
 
 
 @pytest.mark.timeout(600)

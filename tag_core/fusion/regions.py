@@ -22,6 +22,7 @@ whatever the step does not run (the initialisation block). A region runs as one 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 from tag_core.capture.graph import input_node, reachable
@@ -86,6 +87,23 @@ def compiled_regions(graph_def, excluded: set[str], roots: list[str]) -> list[li
         pieces.setdefault(int(root), []).append(i)
     return [[nodes[i].name for i in members] for members in pieces.values()
             if len(members) > 1 and reads_data.intersection(members)]
+
+
+def outside_regions(plan):
+    """`plan` less the patterns whose ops all lie in its regions: XLA compiles those within the region's program,
+    so they mark nothing of their own, and keeping them would report (and vary with) patterns that change nothing."""
+    inside = {name for region in plan.regions for name in region}
+    keep = [k for k, pattern in enumerate(plan.patterns) if not inside.issuperset(pattern)]
+    if len(keep) == len(plan.patterns):
+        return plan
+    saving = plan.measured.get("pattern_saving_us")
+    measured = dict(plan.measured, patterns_inside_regions=len(plan.patterns) - len(keep))
+    if saving is not None and len(saving) == len(plan.patterns):
+        measured["pattern_saving_us"] = [saving[k] for k in keep]
+    patterns = [plan.patterns[k] for k in keep]
+    fused_ops = sum(len(p) for p in patterns)
+    return replace(plan, patterns=patterns, kernels_after=plan.kernels_before - fused_ops + len(patterns),
+                   measured=measured)
 
 
 def session_config(plan, config=None):

@@ -6,7 +6,9 @@ cluster, in alternating runs so that a change of load on a shared machine
 hits both alike. A pattern is kept only when its cluster wins by a margin
 (`MIN_WIN_S` and `MIN_WIN_FRACTION`) in the median of the paired runs, and the
 confidence interval of that median excludes no gain (paired.py): an XLA cluster
-adds executor ops of its own, and a tie is better left to TF. Patterns with the same op types and input
+adds executor ops of its own, and a tie is better left to TF. While that interval
+still holds the margin, the pattern is timed in more runs (up to `TUNE_RUNS_MAX`):
+a decision on a saving near the margin would otherwise flip from run to run. Patterns with the same op types and input
 shapes are timed once. Integer and boolean inputs (shapes, indices, masks) are
 the step's real values when the step can be run (`step_values`); floating
 inputs are random. On this machine that means XLA on the CPU; on a GPU host,
@@ -27,7 +29,8 @@ from tag_core.capture.graph import copy_graph_def
 from .paired import median_interval
 from .patterns import FusionPlan
 
-TUNE_RUNS = 15
+TUNE_RUNS = 15  # paired runs a pattern is timed in...
+TUNE_RUNS_MAX = 60  # ...and, while the interval of its saving holds the margin, up to this many
 TUNE_GAP_S = 0.001  # pause before each timed run (thread pools spin a while after one)
 MIN_WIN_S = 2e-6  # a cluster must save at least this much per step...
 MIN_WIN_FRACTION = 0.05  # ...and this share of the pattern's plain time
@@ -81,7 +84,8 @@ def tune_plan(plan: FusionPlan, graph_def, roots: list[str], runs: int = TUNE_RU
     won = [timing.saving_s for timing in filter(None, timings.values()) if timing.wins]
     measured = dict(plan.measured, tuned_patterns_kept=len(kept), tuned_patterns_dropped=dropped,
                     tuned_patterns_untimed=untimed, tuned_signatures=len(timings),
-                    tuned_saving_ms=round(sum(won) * 1e3, 4), pattern_saving_us=saving_us)
+                    tuned_saving_ms=round(sum(won) * 1e3, 4), pattern_saving_us=saving_us,
+                    tuned_signatures_timed_longer=sum(t.runs > runs for t in filter(None, timings.values())))
     outside = set()
     for name in tqdm(compute, desc="time library calls", unit="op", disable=not progress):
         timing = _timing(micros[name], runs, timings)
@@ -106,11 +110,22 @@ class PairedTiming:
     fused_s: float  # median seconds a run, as one cluster
     saving_s: float  # median of the paired savings (plain - fused)
     saving_low_s: float  # the low end of its confidence interval
+    saving_high_s: float = float("inf")  # the high end
+    runs: int = 0
+
+    @property
+    def margin_s(self) -> float:
+        return max(MIN_WIN_S, MIN_WIN_FRACTION * self.plain_s)
 
     @property
     def wins(self) -> bool:
         """The median saving clears the margin, and its interval excludes no saving at all."""
-        return self.saving_s >= max(MIN_WIN_S, MIN_WIN_FRACTION * self.plain_s) and self.saving_low_s > 0
+        return self.saving_s >= self.margin_s and self.saving_low_s > 0
+
+    @property
+    def undecided(self) -> bool:
+        """The interval of the saving holds the margin: more runs may move the decision."""
+        return self.saving_low_s < self.margin_s <= self.saving_high_s
 
 
 def _timing(micro, runs: int, timings: dict) -> PairedTiming | None:
@@ -258,8 +273,9 @@ def _sample(shape: list[int], dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype.as_numpy_dtype)
 
 
-def _time_both(micro: _Micro, runs: int) -> PairedTiming:
-    """Runs as plain TF ops and as one XLA cluster, the two alternating."""
+def _time_both(micro: _Micro, runs: int, most_runs: int = TUNE_RUNS_MAX) -> PairedTiming:
+    """Runs as plain TF ops and as one XLA cluster, the two alternating: `runs` pairs, then `runs` more at a
+    time while the saving is undecided, up to `most_runs`."""
     feeds, fetches = micro.feeds, micro.fetches
     sessions = [_session(micro.graph_def, xla=False), _session(micro.graph_def, xla=True)]
     try:
@@ -269,17 +285,21 @@ def _time_both(micro: _Micro, runs: int) -> PairedTiming:
             for _ in range(3):  # compile and warm up
                 session.run(fetches, feed_dict=feeds)
         times: list[list[float]] = [[], []]
-        for _ in range(runs):
-            for k, session in enumerate(sessions):
-                time.sleep(TUNE_GAP_S)
-                start = time.perf_counter()
-                session.run(fetches, feed_dict=feeds)
-                times[k].append(time.perf_counter() - start)
+        while True:
+            for _ in range(runs):
+                for k, session in enumerate(sessions):
+                    time.sleep(TUNE_GAP_S)
+                    start = time.perf_counter()
+                    session.run(fetches, feed_dict=feeds)
+                    times[k].append(time.perf_counter() - start)
+            low, saving, high = median_interval([plain - fused for plain, fused in zip(*times)])
+            timing = PairedTiming(statistics.median(times[0]), statistics.median(times[1]), saving, low, high,
+                                  len(times[0]))
+            if not timing.undecided or timing.runs + runs > most_runs:
+                return timing
     finally:
         for session in sessions:
             session.close()
-    low, saving, _ = median_interval([plain - fused for plain, fused in zip(*times)])
-    return PairedTiming(statistics.median(times[0]), statistics.median(times[1]), saving, low)
 
 
 def _session(graph_def, xla: bool):
