@@ -23,6 +23,7 @@ from tag_core import artifacts, store
 from tag_core.capture import resolve_model
 from tag_core.capture.steps import model_slug
 from tag_core.cluster import recorded_topology
+from tag_core.emit import emit_predicted, plan_strategy
 from tag_core.errors import TagInputError
 from tag_core.report import markdown_image
 from tag_core.report.plots import predicted_vs_measured
@@ -83,7 +84,8 @@ def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config
             raise TagInputError("plan", f"no plan for {spec.name} on {topology_key}; materialize deployment_plan")
         plan_id, plan = latest
         out = measured_folder(spec.name, topology_key)
-        _emit_with_prediction(spec, topology, plan, None if profiles.empty else profiles, comm, uncalibrated, out)
+        emit_predicted(spec, topology, plan_strategy(plan), out, None if profiles.empty else profiles, comm,
+                       uncalibrated, plan=plan, force=True)
     try:
         with input_errors_as_failures():  # e.g. local servers this machine refuses to start
             measured = measure_folder(out, config.steps, config.warmup, timeout=config.timeout_s,
@@ -103,15 +105,6 @@ def measured_step(context: AssetExecutionContext, duckdb: DuckDBResource, config
                   "measurements_on_topology": len(history)},
         data_version=DataVersion(_version(row)),
     )
-
-
-def _emit_with_prediction(spec, topology, plan, profiles, comm, uncalibrated, out) -> None:
-    """Emit the plan for CPU devices and write it with its prediction, exactly as `tag emit --device-kind cpu`
-    records it (one definition of the prediction for `tag run --measure` and this asset)."""
-    from tag_core.emit import emit, plan_strategy, predict_emission, write_emission
-
-    emission = emit(spec, topology, plan_strategy(plan), "cpu", plan=plan, profiles=profiles)
-    write_emission(emission, out, force=True, prediction=predict_emission(emission, profiles, comm, uncalibrated))
 
 
 def _figures(row: dict, measured) -> dict:

@@ -17,9 +17,9 @@ from .emitter import (
     resolve_strategy,
 )
 from .folder import write_emission
-from .prediction import predict_emission
+from .prediction import emit_predicted, predict_emission
 
 __all__ = [
-    "DEVICE_KINDS", "Emission", "check_lineage", "emit", "emit_folder", "plan_strategy", "plan_topology",
-    "predict_emission", "read_plan", "resolve_strategy", "write_emission",
+    "DEVICE_KINDS", "Emission", "check_lineage", "emit", "emit_folder", "emit_predicted", "plan_strategy",
+    "plan_topology", "predict_emission", "read_plan", "resolve_strategy", "write_emission",
 ]

@@ -10,6 +10,8 @@ from tag_core.simulate.comm import CommModel
 from tag_core.simulate.simulator import Simulator
 
 from .emission import Emission
+from .emitter import emit
+from .folder import write_emission
 from .nodes import parse_input
 
 
@@ -29,6 +31,16 @@ def predict_emission(emission: Emission, profiles, comm: CommModel, uncalibrated
             "busy_s": [float(b) for b in result.busy_s], "comm_s": {k: float(v) for k, v in result.comm_s.items()},
             **({"sfb_left_out": left_out} if left_out else {}),
             **({"statistics_summed": len(statistics)} if statistics else {})}
+
+
+def emit_predicted(spec, topology, strategy, out, profiles, comm: CommModel, uncalibrated: str | None,
+                   plan: dict[str, Any] | None = None, force: bool = False) -> tuple[Emission, dict[str, Any]]:
+    """Emit `strategy` for CPU devices and write `out` with its prediction, as `tag emit --device-kind cpu`
+    does: one emission and one prediction for `tag fidelity` and the measured_step asset."""
+    emission = emit(spec, topology, strategy, "cpu", plan=plan, profiles=profiles)
+    predicted = predict_emission(emission, profiles, comm, uncalibrated)
+    write_emission(emission, out, force=force, prediction=predicted)
+    return emission, predicted
 
 
 def statistic_ops(emission: Emission) -> list[int]:
