@@ -14,15 +14,11 @@ to every sample of the window.
 from __future__ import annotations
 
 import math
-import sys
+from typing import Callable
 
 from tag_core.cluster.topology import Topology
 
 CALIBRATION_REPEATS = 7  # timed runs per series of a calibration, spread over the window's calibrations
-
-
-def _say(text: str) -> None:
-    print(f"tag fidelity: {text}", file=sys.stderr, flush=True)
 
 
 class MeasurementWindow:
@@ -32,12 +28,13 @@ class MeasurementWindow:
     calibration sample of the window (call it once the window has closed); `calibrations`: each of the window's
     calibrations' headline terms."""
 
-    def __init__(self, args, own, before, topology: Topology, profile: bool, calibrate: bool, profile_runs: int):
-        self.args, self.own, self.topology = args, own, topology
+    def __init__(self, own, before, topology: Topology, profile: bool, calibrate: bool, profile_runs: int,
+                 rounds: int, db: str | None, echo: Callable[[str], None]):
+        self.own, self.topology, self.rounds, self.db, self.echo = own, topology, rounds, db, echo
         self.profile, self.calibrate = profile, calibrate
         self.columns = list(before.columns)
         self.sizes = sorted(int(b) for b in before.batch_size.unique())
-        self.runs = max(1, math.ceil(profile_runs / args.rounds))
+        self.runs = max(1, math.ceil(profile_runs / rounds))
         self.profiles = None
         self.profile_steps = profile_steps(before, "before")
         self.samples: list = []
@@ -53,13 +50,12 @@ class MeasurementWindow:
     def _profile_again(self, when: str, last: bool) -> None:
         import pandas as pd
 
+        from tag_core import store
         from tag_core.profile.profiler import profile_model
 
-        from ._common import open_store
-
-        _say(f"profiling {self.own.name} again at batch sizes {self.sizes}, "
+        self.echo(f"profiling {self.own.name} again at batch sizes {self.sizes}, "
              f"{'after the measurement' if last else when}")
-        conn = open_store(self.args)
+        conn = store.connect(self.db)
         try:
             profile = profile_model(conn, self.own, self.sizes, runs=self.runs, warmup=2, show_progress=False)
         finally:
@@ -71,16 +67,17 @@ class MeasurementWindow:
         self.profiles = profile[self.columns]
 
     def _calibrate_again(self, when: str, last: bool) -> None:
-        from tag_core.runtime.calibrate import CalibrationError, CalibrationSettings, calibrate_local
-        from tag_core.runtime.local_cluster import ServerStartError
+        from .calibrate import CalibrationError, CalibrationSettings, calibrate_local
+        from .local_cluster import ServerStartError
 
-        _say(f"calibrating {self.topology.num_machines} local tasks again, {'after the measurement' if last else when}")
-        repeats = max(2, math.ceil(CALIBRATION_REPEATS / self.args.rounds))
+        self.echo(f"calibrating {self.topology.num_machines} local tasks again, "
+                  f"{'after the measurement' if last else when}")
+        repeats = max(2, math.ceil(CALIBRATION_REPEATS / self.rounds))
         try:
             calibration, _ = calibrate_local(self.topology.num_machines, CalibrationSettings(repeats=repeats),
                                              progress=False)
         except (CalibrationError, ServerStartError) as exc:  # the window's other calibrations still count
-            _say(f"warning: the calibration {when} failed: {exc}")
+            self.echo(f"warning: the calibration {when} failed: {exc}")
             self.calibrations.append({"calibration": when, "error": str(exc)})
             return
         self.samples += calibration.samples
@@ -89,10 +86,10 @@ class MeasurementWindow:
     def calibration(self):
         """One calibration fitted to every sample of the window, stored as the topology's newest (the stored
         measured steps name it, and later plans of this snapshot use it); None: no samples, or no fit."""
+        from tag_core import store
         from tag_core.cluster.calibration import save_to_store
-        from tag_core.runtime.calibrate import CalibrationError, fit_samples
 
-        from ._common import open_store
+        from .calibrate import CalibrationError, fit_samples
 
         if not self.samples:
             return None
@@ -100,7 +97,7 @@ class MeasurementWindow:
             calibration = fit_samples(self.samples, self.topology.name, self.topology.content_hash(), "local")
         except CalibrationError:
             return None
-        conn = open_store(self.args)
+        conn = store.connect(self.db)
         try:
             save_to_store(conn, calibration)
         finally:
