@@ -245,6 +245,11 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing
     assert "[2/2] duplicate: emitting" in captured.err and "measuring 2 strategies interleaved" in captured.err
+    # The profile before against the one after the measurement, said in the report (--profile-after predicts from
+    # the profiles after whatever it says).
+    drift = report["drift"]
+    assert drift["batch_size"] in {s["batch_size"] for s in steps} and drift["before_s"] > 0 and drift["after_s"] > 0
+    assert drift["text"] in captured.err and drift["drifted"] == (abs(drift["change"]) > drift["threshold"])
     with store.connect(read_only=True) as conn:
         rows = store.load_measured_steps(conn, topology="local-2")
     assert sorted(rows.strategy) == ["duplicate", "single"] and (rows.measured_s > 0).all()
@@ -254,3 +259,41 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     # The stored rows carry the report's predictions (from the profiles after the rounds), not plan.json's from before.
     reported = {r["strategy"]: r["predicted_s"] for r in report["rows"]}
     assert {r.strategy: r.predicted_s for r in rows.itertuples()} == pytest.approx(reported)
+
+
+def test_by_default_the_model_is_profiled_once_after_the_rounds_and_a_moved_step_is_called_drift(tag_home, local2):
+    """What protects a user who passes neither --profile-after nor --calibrate-after."""
+    from tag_core.capture.steps import ensure_captured
+    from tag_core.cluster.topology_json import load_topology
+    from tag_core.profile.profiler import profile_model
+    from tag_core.runtime.measurement_window import DRIFT, MeasurementWindow
+
+    own = resolve_model(MLP, BATCH)
+    with store.connect() as conn:
+        ensure_captured(conn, own)
+        before = profile_model(conn, own, [BATCH], runs=2, warmup=1, show_progress=False)
+    lines: list[str] = []
+    window = MeasurementWindow(own, before, load_topology(local2), False, False, 5, 2, None, lines.append,
+                               drift_check=True)
+    window(0)
+    assert window.profiles is None and not lines  # between the rounds: nothing
+    window()
+    assert window.profiles is not None and lines == [f"profiling {own.name} again at batch sizes [{BATCH}], "
+                                                     "after the measurement"]
+    assert window.comm() is None  # no calibration in the window
+    drift = window.drift()
+    assert drift["batch_size"] == BATCH and drift["before_s"] > 0 and drift["after_s"] > 0
+    assert drift["drifted"] == (abs(drift["change"]) > DRIFT)
+    assert window.report()["profile_steps"][0]["profile"] == "before"
+    # The rule, at the batch size where the step moved most: 30% slower is drift, 5% is not, nor is no profile after.
+    window.profile_steps = [{"profile": "before", "batch_size": 4, "step_s": 0.010},
+                            {"profile": "before", "batch_size": 8, "step_s": 0.020},
+                            {"profile": "after", "batch_size": 4, "step_s": 0.0105},
+                            {"profile": "after", "batch_size": 8, "step_s": 0.026}]
+    found = window.drift()
+    assert found["batch_size"] == 8 and found["drifted"] and found["change"] == pytest.approx(0.3)
+    assert "the machine drifted" in found["text"] and "+30%" in found["text"]
+    window.profile_steps[3]["step_s"] = 0.021
+    assert not window.drift()["drifted"] and "no drift" in window.drift()["text"]
+    window.profile_steps = window.profile_steps[:2]
+    assert window.drift() is None

@@ -10,7 +10,10 @@ correlation. With --profile-after the model is profiled again after each round, 
 and with --calibrate-after the local tasks are calibrated again; the report predicts from what was measured
 between and after the rounds (on a shared machine a step's speed and the runtime's fixed costs can move by
 half within a minute: what was measured before may have caught another machine than the rounds did); each
-row keeps its prediction from the profile and calibration before as predicted_before_s.
+row keeps its prediction from the profile and calibration before as predicted_before_s. Without
+--profile-after the model is still profiled once after the last round: where its step moved by more than
+15% from the profile before, the report says that the machine drifted and predicts from the profile after
+(--no-drift-check skips this).
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ def register(subparsers) -> None:
                         help="calibrate this machine's tasks again after each round (as `tag calibrate --local N` "
                              "does) and predict with one calibration fitted to all of those samples, stored as the "
                              "topology's newest")
+    parser.add_argument("--no-drift-check", dest="drift_check", action="store_false",
+                        help="do not profile the model again after the measurement to see whether the machine "
+                             "drifted since the profile before (by default it does, and where a step's time moved "
+                             "by more than 15%% the report says so and predicts from the profile after)")
     add_model_timeout(parser, "--model-timeout")  # --timeout bounds the measurement here
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"strategy", "predicted_s", "measured_s", "spread_s", ...}], '
@@ -111,7 +118,7 @@ def run(args) -> int:
     require(kinds == ["cpu"], "--topology", f"{topology.name} has {', '.join(kinds)} machines; fidelity runs "
                                             "here, on CPU tasks: use the topology `tag calibrate --local N` writes")
     settings = FidelitySettings(tuple(args.strategies), args.steps, args.warmup, args.rounds, args.budget_iterations,
-                                args.timeout, args.profile_after, args.calibrate_after)
+                                args.timeout, args.profile_after, args.calibrate_after, args.drift_check)
     report = measure_fidelity(args.model, args.batch_size, args.model_timeout, topology, settings, args.db, _say)
     if args.json:
         print_json(report)

@@ -39,6 +39,7 @@ class FidelitySettings:
     timeout: float
     profile_after: bool
     calibrate_after: bool
+    drift_check: bool = True  # profile once after the measurement and compare (MeasurementWindow.drift)
 
 
 def measure_fidelity(model: str, batch_size: int | None, model_timeout, topology: Topology,
@@ -63,16 +64,20 @@ def measure_fidelity(model: str, batch_size: int | None, model_timeout, topology
             rows.append(row)
             if folder is not None:
                 folders[name], emissions[name] = folder, emission
-        window = None
-        if folders and (settings.profile_after or settings.calibrate_after):
+        window, drift = None, None
+        if folders and (settings.profile_after or settings.calibrate_after or settings.drift_check):
             window = MeasurementWindow(own, profiles, topology, settings.profile_after, settings.calibrate_after,
-                                       PROFILE_RUNS, settings.rounds, db, echo)
+                                       PROFILE_RUNS, settings.rounds, db, echo, drift_check=settings.drift_check)
         stored = _measure(settings, rows, folders, echo, window) if folders else {}
         if window is not None:
             window()
             comm = window.comm() or comm
-            _predict_again(rows, emissions, profiles if window.profiles is None else window.profiles, comm,
-                           uncalibrated)
+            drift = window.drift()
+            after = settings.profile_after or bool(drift and drift["drifted"])
+            if drift:
+                echo(drift["text"])
+            if after or settings.calibrate_after:
+                _predict_again(rows, emissions, window.profiles if after else profiles, comm, uncalibrated)
         _store(db, rows, stored, comm.calibration_hash)
     report = summarise(rows, spec.name, topology.name, spec.batch_size, comm.calibration_hash, settings.steps,
                        settings.warmup)
@@ -80,6 +85,7 @@ def measure_fidelity(model: str, batch_size: int | None, model_timeout, topology
     report["measured_error"] = error.to_dict() if error is not None else None  # what the TAG row's search weighed
     report.update(window.report() if window is not None else
                   {"profile_steps": None, "calibrations_during": None})
+    report["drift"] = drift
     report["wall_s"] = time.monotonic() - started
     return report
 

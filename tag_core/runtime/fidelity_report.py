@@ -39,6 +39,8 @@ def format_report(report: dict) -> str:
     lines.append(f"Spearman rank correlation, predicted against measured: "
                  f"{'undefined' if rho is None else f'{rho:.2f}'}")
     lines.append(f"median |error|: {'-' if error is None else f'{error:.1%}'}")
+    if report.get("drift"):
+        lines.append(report["drift"]["text"])
     verdict = report["tag_against_best"]
     if verdict:
         lines.append(verdict["text"])

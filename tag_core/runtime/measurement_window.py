@@ -9,6 +9,10 @@ this machine's cluster again (--calibrate-after: servers of their own, pinned to
 which idle meanwhile; the waiting measurement holds its client's port). The
 report predicts from what was measured in the window: the profiles' rows together, and one calibration fitted
 to every sample of the window.
+
+A user who knows none of this is still told: by default (`drift_check`) the model is profiled once more after
+the last round, and where a batch size's step moved by more than `DRIFT` from the profile before, `drift()`
+says the machine drifted, and `tag fidelity` predicts from the profile after.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Callable
 from tag_core.cluster.topology import Topology
 
 CALIBRATION_REPEATS = 7  # timed runs per series of a calibration, spread over the window's calibrations
+DRIFT = 0.15  # a profiled step this much faster or slower after the measurement than before: the machine drifted
 
 
 class MeasurementWindow:
@@ -29,9 +34,9 @@ class MeasurementWindow:
     calibrations' headline terms."""
 
     def __init__(self, own, before, topology: Topology, profile: bool, calibrate: bool, profile_runs: int,
-                 rounds: int, db: str | None, echo: Callable[[str], None]):
+                 rounds: int, db: str | None, echo: Callable[[str], None], drift_check: bool = False):
         self.own, self.topology, self.rounds, self.db, self.echo = own, topology, rounds, db, echo
-        self.profile, self.calibrate = profile, calibrate
+        self.profile, self.calibrate, self.drift_check = profile, calibrate, drift_check
         self.columns = list(before.columns)
         self.sizes = sorted(int(b) for b in before.batch_size.unique())
         self.runs = max(1, math.ceil(profile_runs / rounds))
@@ -42,7 +47,7 @@ class MeasurementWindow:
 
     def __call__(self, round_index: int | None = None) -> None:
         when = "after" if round_index is None else f"after round {round_index + 1}"
-        if self.profile:
+        if self.profile or (self.drift_check and round_index is None):
             self._profile_again(when, round_index is None)
         if self.calibrate:
             self._calibrate_again(when, round_index is None)
@@ -111,9 +116,29 @@ class MeasurementWindow:
         calibration = self.calibration()
         return None if calibration is None else CommModel.from_calibration(calibration)
 
+    def drift(self) -> dict | None:
+        """The profiled step before against after the measurement, at the batch size where it moved most: whether
+        that passes `DRIFT`, and a line saying so (None: not profiled after)."""
+        before = {s["batch_size"]: s["step_s"] for s in self.profile_steps if s["profile"] == "before"}
+        after = {s["batch_size"]: s["step_s"] for s in self.profile_steps if s["profile"] == "after"}
+        both = [b for b in sorted(after) if before.get(b, 0) > 0]
+        if not both:
+            return None
+        batch = max(both, key=lambda b: abs(after[b] / before[b] - 1))
+        change = after[batch] / before[batch] - 1
+        drifted = abs(change) > DRIFT
+        text = (f"the model's step at batch {batch} profiled {before[batch] * 1e3:.3g} ms before the measurement "
+                f"and {after[batch] * 1e3:.3g} ms after it ({change:+.0%}): ")
+        if drifted:
+            text += f"the machine drifted (beyond {DRIFT:.0%}); the predictions are from the profile after"
+        else:
+            text += f"within {DRIFT:.0%}, no drift"
+        return {"batch_size": batch, "before_s": before[batch], "after_s": after[batch], "change": change,
+                "threshold": DRIFT, "drifted": drifted, "text": text}
+
     def report(self) -> dict:
         """The window's part of `tag fidelity --json` (the calibration the predictions used is the report's own)."""
-        return {"profile_steps": self.profile_steps if self.profile else None,
+        return {"profile_steps": self.profile_steps if self.profile or self.drift_check else None,
                 "calibrations_during": self.calibrations if self.calibrate else None}
 
 
