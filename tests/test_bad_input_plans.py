@@ -189,6 +189,7 @@ def _plan_rows(db: Path) -> list:
     (["--seed", str(2**70)], "--seed"),
     (["--batch-size", str(2**31)], "--batch-size"),
 ])
+@pytest.mark.slow
 def test_plan_integers_past_the_store_columns_change_nothing(planned, tmp_path, capsys, args, where):
     db, topo, out = planned
     before_file, before_rows = _digest(out), _plan_rows(db)
@@ -200,6 +201,7 @@ def test_plan_integers_past_the_store_columns_change_nothing(planned, tmp_path, 
     assert _digest(out) == before_file and _plan_rows(db) == before_rows
 
 
+@pytest.mark.slow
 def test_plan_at_the_largest_seed_is_stored_and_written(planned, tmp_path, capsys):
     db, topo, _ = planned
     out = tmp_path / "again.json"
@@ -230,6 +232,7 @@ def _warm_variants(plan: dict) -> dict[str, tuple[dict, str]]:
 
 
 @pytest.mark.parametrize("variant", ["ops", "model", "masks", "machines"])
+@pytest.mark.slow
 def test_an_unusable_warm_start_is_noted_and_not_recorded(planned, tmp_path, capsys, variant):
     db, topo, out = planned
     data, why = _warm_variants(json.loads(out.read_text()))[variant]
@@ -245,6 +248,7 @@ def test_an_unusable_warm_start_is_noted_and_not_recorded(planned, tmp_path, cap
     assert _plan_rows(db)[-1][2] is None
 
 
+@pytest.mark.slow
 def test_a_warm_start_on_a_changed_topology_still_maps(planned, tmp_path, capsys):
     db, _, out = planned
     grown = {**TOPOLOGY, "name": "grown", "machines": [*TOPOLOGY["machines"],
@@ -306,6 +310,7 @@ def test_a_directory_is_named_as_one(tmp_path, capsys, tag_home):
     assert not tag_home.exists() and not Path(out).exists()
 
 
+@pytest.mark.slow
 def test_a_folder_named_like_a_strategy_does_not_hide_it(tmp_path, monkeypatch, capsys, tag_home):
     topo = str(_topology(tmp_path))
     monkeypatch.chdir(tmp_path)

@@ -98,6 +98,7 @@ def test_strategy_json_round_trip_and_field_errors():
     assert Strategy.from_dict({"model": "m", "strategy": s.to_dict()}).key() == s.key()
 
 
+@pytest.mark.slow
 def test_tag_simulate_cli(tmp_path, tag_home, capsys):
     from tag_core.cli import main
 

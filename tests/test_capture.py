@@ -53,6 +53,7 @@ def test_parameter_flags_match_variables(mlp_capture):
     assert not any(op.is_parameter for op in graph.ops if op.variable and "adam" in op.variable)
 
 
+@pytest.mark.slow
 def test_store_round_trip_and_step_file(tag_home):
     spec = resolve_model("small_cnn", batch_size=4)
     conn = store.connect()
@@ -81,6 +82,7 @@ def test_vgg19_has_the_imagenet_parameter_count():
     assert summary["gradient_ops"] > 0 and summary["apply_ops"] > 0
 
 
+@pytest.mark.slow
 def test_transformer_options_capture():
     graph = capture(resolve_model("transformer[layers=1,d_model=32,heads=2,ff=64,vocab=50,seq_len=8]", 2)).graph
     types = {op.type for op in graph.ops}
@@ -103,6 +105,7 @@ def test_big_models_trace_other_batch_sizes_in_a_child_process(tag_home):
     assert child.batch_size == 3 and [v.name for v in child.variables] == [v.name for v in graph.variables]
 
 
+@pytest.mark.slow
 def test_capture_runs_in_a_child_and_hands_back_the_same_graph(tag_home, monkeypatch):
     """The parent never builds the model (its Keras memory would stay with it): the child's OpGraph, handed
     back as JSON records, equals the one captured in this process."""

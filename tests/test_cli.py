@@ -32,6 +32,7 @@ def test_models_lists_the_zoo(capsys):
     assert {"vgg19", "bert_base", "mlp", "small_cnn"} <= names
 
 
+@pytest.mark.slow
 def test_capture_json_fields(tag_home, capsys):
     assert main(["capture", "mlp[features=8,hidden=8]", "--batch-size", "4", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -40,6 +41,7 @@ def test_capture_json_fields(tag_home, capsys):
     assert summary["batch_size"] == 4
 
 
+@pytest.mark.slow
 def test_user_model_file_in_capture_and_profile(tag_home, user_model_file, capsys):
     reference = f"{user_model_file}:plain"
     assert main(["capture", reference, "--json"]) == 0
@@ -56,6 +58,7 @@ def test_user_model_file_in_capture_and_profile(tag_home, user_model_file, capsy
     assert per_op == (4, 4, ops)
 
 
+@pytest.mark.slow
 def test_profiles_export_import(tag_home, tmp_path, capsys):
     assert main(["profile", "mlp[features=4,hidden=4]", "--batch-sizes", "2", "--runs", "2"]) == 0
     out = tmp_path / "p.csv"

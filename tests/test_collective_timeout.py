@@ -53,6 +53,7 @@ def _server_pids() -> list[int]:
 
 @pytest.mark.skipif(len(pinnable_cores()) < 2, reason="pinned tasks need a core each")
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_long_run_does_not_grow_the_servers_threads(tmp_path):
     emission = emit(resolve_model("mlp[features=12,hidden=16]", 8), parse_topology(LOCAL2), "allreduce", "cpu")
     folder = write_emission(emission, tmp_path / "emitted")

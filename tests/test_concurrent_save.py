@@ -89,6 +89,7 @@ def _finish(plan: subprocess.Popen, reader: threading.Thread) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_a_plan_waits_for_a_busy_store_and_lands_when_it_is_free(prepared, tmp_path):
     home, topology = prepared
     db = home / "tag.duckdb"
@@ -105,6 +106,7 @@ def test_a_plan_waits_for_a_busy_store_and_lands_when_it_is_free(prepared, tmp_p
     assert len(rows) == before + 1 and rows[-1][1] == "cli"
 
 
+@pytest.mark.slow
 def test_a_plan_past_the_wait_is_kept_in_a_file_and_imported_later(prepared, tmp_path, capsys):
     home, topology = prepared
     db = home / "tag.duckdb"

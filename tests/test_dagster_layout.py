@@ -228,6 +228,7 @@ def test_ci_needs_an_explicit_tag_home(tag_env, monkeypatch: pytest.MonkeyPatch)
     assert str(error.value).startswith("TAG_HOME: ") and "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_an_unknown_environment_is_a_one_line_error(tag_env, tmp_path: Path):
     tag_env("prod")
     message = "TAG_ENV: 'prod' is not an environment; use one of: local, ci, cluster"

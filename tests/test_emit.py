@@ -256,6 +256,7 @@ def test_plan_with_missing_groups_is_refused(tag_home, tmp_path, two_by_two, cap
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_plan_for_fewer_ops_is_refused(tag_home, tmp_path, two_by_two, capsys):
     plan_path = _plan_file(tmp_path, two_by_two)
     plan = json.loads(plan_path.read_text())
@@ -316,6 +317,7 @@ def test_fusion_buckets_gradients(two_by_two):
     assert len(tiny.emitted.collectives) == 4 * len(trainable)
 
 
+@pytest.mark.slow
 def test_a_second_emit_of_a_model_reuses_its_traces_and_builds_the_same_graph(two_by_two):
     from tag_core.capture import capture
     from tag_core.capture.trace import builds

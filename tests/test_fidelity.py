@@ -261,6 +261,7 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert {r.strategy: r.predicted_s for r in rows.itertuples()} == pytest.approx(reported)
 
 
+@pytest.mark.slow
 def test_by_default_the_model_is_profiled_once_after_the_rounds_and_a_moved_step_is_called_drift(tag_home, local2):
     """What protects a user who passes neither --profile-after nor --calibrate-after."""
     from tag_core.capture.steps import ensure_captured

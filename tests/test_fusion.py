@@ -68,6 +68,7 @@ def test_variable_updates_join_the_arithmetic_that_feeds_them(transformer):
     assert not any(types[n] in ("AssignAddVariableOp", "ReadVariableOp") for p in plain.patterns for n in p)
 
 
+@pytest.mark.slow
 def test_transformer_plan_is_legal(transformer):
     graph, step = transformer
     plan = plan_fusion(graph, step.graph_def)
@@ -145,6 +146,7 @@ def test_fusion_plan_asset_stores_the_plan_and_measures(tag_home):
     assert set(stored["measured"]["step_ms"]) == {"tf", "autocluster", "jit", "tag"}
 
 
+@pytest.mark.slow
 def test_planner_sees_fused_costs(transformer):
     from tag_core.cluster import parse_topology
     from tag_core.plan import plan
@@ -325,6 +327,7 @@ def test_patterns_inside_the_regions_leave_the_plan_and_a_saving_near_the_margin
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_tuned_plan_from_tag_fuse_is_stored_for_plan_and_emit(tag_home, capsys):
     from tag_core import store
     from tag_core.cli import main

@@ -89,6 +89,7 @@ def test_metis_notes_stay_off_stdout(capfd, monkeypatch):
     assert np.array_equal(quiet.assignment, loud.assignment)
 
 
+@pytest.mark.slow
 def test_a_loop_over_several_variables_stays_with_all_of_them(tmp_path):
     """An LSTM's forward loop takes the handles of its kernel, recurrent kernel and bias: a plan that put
     them on different devices could not be emitted, so grouping keeps every op touching them together."""

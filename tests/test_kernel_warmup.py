@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_warm_up_caches_every_kernel(tmp_path: Path) -> None:
     kernels = set()
     for source in (ROOT / "tag_core").rglob("*.py"):

@@ -112,6 +112,7 @@ def test_capture_of_a_function_that_hangs_ends_at_the_timeout(hangs, tag_home, c
     assert_nothing_written(tag_home, f"{path}:build")
 
 
+@pytest.mark.slow
 def test_a_layer_that_hangs_in_tracing_ends_at_the_timeout(hangs, tag_home, capsys):
     reference = f"{hangs / 'in_tracing.py'}:build"
     pytest_timer, _ = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's, when it runs with signals

@@ -84,6 +84,7 @@ def _topology_run(instance: DagsterInstance):
                        raise_on_error=False)
 
 
+@pytest.mark.slow
 def test_a_write_waits_for_the_process_holding_the_store(homes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = homes / "tag_home" / "tag.duckdb"
     store.connect(path).close()
@@ -100,6 +101,7 @@ def test_a_write_waits_for_the_process_holding_the_store(homes: Path, monkeypatc
         assert store.latest_topology_snapshot(conn, "pair") is not None
 
 
+@pytest.mark.slow
 def test_a_wait_that_runs_out_names_the_holder(homes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = homes / "tag_home" / "tag.duckdb"
     store.connect(path).close()

@@ -43,6 +43,7 @@ def run_assets(instance: DagsterInstance, key: str, selection: list, **kwargs):
     return materialize(selection, partition_key=key, instance=instance, resources=build_resources(), **kwargs)
 
 
+@pytest.mark.slow
 def test_assets_materialize_into_duckdb(tag_home: Path, instance: DagsterInstance) -> None:
     # Profiling settings come through run config, as a user would change them.
     run_config = {
@@ -122,6 +123,7 @@ def test_bad_model_key_fails_with_one_line_message(tag_home: Path, instance: Dag
     assert not (tag_home / "tag.duckdb").exists()
 
 
+@pytest.mark.slow
 def test_definitions_validate() -> None:
     dagster = Path(sys.executable).with_name("dagster")
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}

@@ -166,6 +166,7 @@ def test_cluster_topology_refuses_a_symlink_out_of_the_directory(env: Path, inst
     assert "leaves" in result.get_step_failure_events()[0].step_failure_data.user_failure_data.description
 
 
+@pytest.mark.slow
 def test_deployment_plan_without_a_snapshot_fails_cleanly(env: Path, instance: DagsterInstance) -> None:
     instance.add_dynamic_partitions(model_partitions.name, [MODEL])
     instance.add_dynamic_partitions(topology_partitions.name, ["small"])

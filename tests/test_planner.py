@@ -194,6 +194,7 @@ def planned(tmp_path_factory):
     return code, db, topo, out, tmp
 
 
+@pytest.mark.slow
 def test_tag_plan_profiles_first_then_writes_the_plan(planned, capsys):
     code, db, topo, out, _ = planned
     assert code == 0
@@ -212,6 +213,7 @@ def test_tag_plan_profiles_first_then_writes_the_plan(planned, capsys):
     assert not list(out.parent.glob(".plan.json.*"))  # no temporary left behind
 
 
+@pytest.mark.slow
 def test_tag_plan_json_and_table(planned, capsys):
     _, db, topo, _, _ = planned
     assert main(["--db", str(db), "plan", MODEL, "--topology", str(topo), "--budget-iterations", "5",
@@ -233,6 +235,7 @@ def test_tag_plan_json_and_table(planned, capsys):
     (["--groups", "0"], "--groups"),
     (["--seed", "-2"], "--seed"),
 ])
+@pytest.mark.slow
 def test_tag_plan_bad_arguments_exit_2(planned, args, where, capsys):
     _, db, topo, _, _ = planned
     with pytest.raises(SystemExit) as exit_info:
@@ -243,6 +246,7 @@ def test_tag_plan_bad_arguments_exit_2(planned, args, where, capsys):
 
 
 @pytest.mark.parametrize("tflops", [1.0, 1000.0])
+@pytest.mark.slow
 def test_tag_plan_keeps_to_the_machines_that_fit(planned, capsys, tmp_path, tflops):
     """m1's GPUs hold nothing; m0's V100s hold the model. Slow ones: the balanced batch split gives them no
     rows, so the all-machines plan fits. Fast ones get rows under every split: out-of-memory mode."""
@@ -261,6 +265,7 @@ def test_tag_plan_keeps_to_the_machines_that_fit(planned, capsys, tmp_path, tflo
     assert data["tag"]["computing_devices"] <= 2
 
 
+@pytest.mark.slow
 def test_tag_plan_input_errors_exit_2(planned, capsys, tmp_path):
     _, db, topo, _, _ = planned
     bad_json = tmp_path / "bad.json"
@@ -305,6 +310,7 @@ def test_a_misleading_prior_still_gets_the_best_uniform_plan():
     assert guided.tag.simulations >= len(uniform_times)
 
 
+@pytest.mark.slow
 def test_a_plan_file_is_simulated_at_its_own_batch(planned, capsys):
     _, db, topo, out, _ = planned
     plan = json.loads(out.read_text())
@@ -368,6 +374,7 @@ def test_a_plan_is_single_and_says_why_when_no_distributed_strategy_beats_one_de
     assert distributed.strategy.name != "single" and distributed.time_s < one.iteration_time_s
 
 
+@pytest.mark.slow
 def test_tag_plan_applies_the_calibration_of_this_snapshot_only(planned, tmp_path, capsys):
     from tag_core.cluster import load_topology
     from tag_core.cluster.calibration import save_to_store
@@ -398,6 +405,7 @@ def test_tag_plan_applies_the_calibration_of_this_snapshot_only(planned, tmp_pat
            f"{topo.content_hash()}, not this one ({load_topology(other).content_hash()})" in table
 
 
+@pytest.mark.slow
 def test_tag_plan_stays_on_one_device_when_the_measured_error_outweighs_the_gain(planned, tmp_path, capsys):
     from tag_core.cluster import load_topology
 

@@ -30,6 +30,7 @@ def profiled(profiled_store, tag_home):
     conn.close()
 
 
+@pytest.mark.slow
 def test_every_op_gets_one_time_per_run_and_batch(profiled):
     conn, spec = profiled
     graph = load_op_graph(conn, spec.name)

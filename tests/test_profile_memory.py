@@ -36,6 +36,7 @@ def test_the_limit_goes_to_tfs_environment_and_a_users_own_wins(monkeypatch):
     assert environ[ALLOCATOR_LIMIT_ENV] == "999"
 
 
+@pytest.mark.slow
 def test_a_step_over_the_limit_is_profiled_again_without_it(tag_home, monkeypatch):
     monkeypatch.delenv(ALLOCATOR_LIMIT_ENV, raising=False)  # a limit set here would win over the job's
     if not _onednn():

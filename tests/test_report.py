@@ -45,6 +45,7 @@ def planned(planned_store, tag_home):
     return topology
 
 
+@pytest.mark.slow
 def test_lineage_lists_history_and_changes(planned, capsys):
     assert main(["lineage", MODEL, "two-boxes", "--json"]) == 0
     history = json.loads(capsys.readouterr().out)
@@ -56,11 +57,13 @@ def test_lineage_lists_history_and_changes(planned, capsys):
         assert history[-1][column], column
 
 
+@pytest.mark.slow
 def test_lineage_of_an_unknown_pair_exits_2(planned, capsys):
     assert main(["lineage", MODEL, "elsewhere"]) == 2
     assert "no plans for" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_report_has_table_and_pictures(planned, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", "--out", str(out)]) == 0
@@ -76,6 +79,7 @@ def test_report_has_table_and_pictures(planned, tmp_path, capsys):
         assert (plan_page.parent / f"{plan_page.stem}-{picture}.png").is_file()
 
 
+@pytest.mark.slow
 def test_retired_topologies_leave_the_current_plans(planned):
     conn = store.connect()
     assert len(store.current_plans(conn)) == 1
@@ -87,6 +91,7 @@ def test_retired_topologies_leave_the_current_plans(planned):
     assert len(store.current_plans(conn)) == 1
 
 
+@pytest.mark.slow
 def test_a_plan_that_cannot_be_drawn_leaves_the_last_report_as_it_was(planned, tmp_path, capsys):
     """A report is many files: when one page fails (here a hand-stored plan whose SFB names a variable the
     graph lacks, drawn after the good plan's page), no file of the new report reaches the folder."""

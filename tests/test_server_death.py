@@ -63,6 +63,7 @@ class Killer:
             self.killed_at = time.monotonic()
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_measurement_ends_it_naming_the_task_and_keeps_the_steps_timed(folders):
     killer = Killer(lambda line: line.startswith("round 2 of"))
     steps, rounds = 400, 4  # far more than can run before the bound: only the death ends it early
@@ -79,6 +80,7 @@ def test_a_server_killed_mid_measurement_ends_it_naming_the_task_and_keeps_the_s
         assert outcome.timing is not None and steps // rounds <= outcome.timing.steps < steps
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_run_ends_tag_run_naming_the_task(folders):
     killer = Killer(lambda line: line.startswith("step 0:"))
     result = run_emitted(folders[0], steps=100_000, timeout=600, echo=killer)

@@ -247,6 +247,7 @@ TWO_GTX_JSON = {"name": "two-gtx", "inter_gbps": 10, "machines": [
     {"name": "b", "gpu": "GTX1080Ti", "count": 1, "intra_gbps": 64}]}
 
 
+@pytest.mark.slow
 def test_tag_sfb_prints_the_decisions(tag_home, tmp_path, capsys):
     from tag_core.cli import main
 

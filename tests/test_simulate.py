@@ -325,6 +325,7 @@ def test_bad_strategies_name_the_field():
         Simulator(g, two).run(_dp(g, two, shares=np.array([1.0, 0.0]), mask=np.array([False, True])))
 
 
+@pytest.mark.slow
 def test_zoo_models_simulate_on_the_example_testbed(tmp_path):
     from pathlib import Path
 

@@ -48,6 +48,7 @@ def test_statistics_outside_the_graph_are_refused(bad):
         Simulator(g, topology(("m", V100, 1, 50.0)), statistics=bad)
 
 
+@pytest.mark.slow
 def test_an_emitted_graph_names_its_statistics_and_its_prediction_charges_them():
     from tag_core.capture import resolve_model
     from tag_core.cluster import parse_topology

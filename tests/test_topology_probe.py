@@ -139,6 +139,7 @@ def test_malformed_outputs_name_the_tool_and_the_line(tmp_path: Path, damage, ex
         probe(folder)
 
 
+@pytest.mark.slow
 def test_this_machine_probes_and_discovers_a_valid_topology(tmp_path: Path) -> None:
     probes = tmp_path / "probes"
     probes.mkdir()
@@ -169,6 +170,7 @@ def test_discover_refuses_what_is_not_a_probe(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1].endswith("a.json: not a probe of version 1 (from `tag topology probe`)")
 
 
+@pytest.mark.slow
 def test_diff_says_in_words_what_changed(tmp_path: Path) -> None:
     old = {"name": "lab", "inter_gbps": 100, "machines": [
         {"name": "a", "gpu": "V100-16GB", "count": 8, "intra_gbps": 400},

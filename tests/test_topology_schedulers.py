@@ -104,6 +104,7 @@ def test_blocks_of_a_gb200_cluster_are_racks() -> None:
         parse_switches("Topology plugin not configured\n")
 
 
+@pytest.mark.slow
 def test_a_mixed_slurm_allocation_discovers_and_validates(tmp_path: Path) -> None:
     recorded = tmp_path / "recorded"
     recorded.mkdir()
@@ -151,6 +152,7 @@ def _slurm_racks(tmp_path: Path, nodelist: str, uplink_gbps: float, oversubscrip
 
 
 @pytest.mark.parametrize("order", sorted(NODELISTS))
+@pytest.mark.slow
 def test_a_plan_on_slurm_blocks_keeps_large_gradients_inside_one_block(tmp_path: Path, order: str) -> None:
     topology = _slurm_racks(tmp_path, NODELISTS[order], uplink_gbps=1.0, oversubscription=8.0)
     g = train_graph(weight_bytes=40_000_000, layers=2)
@@ -167,6 +169,7 @@ def test_a_plan_on_slurm_blocks_keeps_large_gradients_inside_one_block(tmp_path:
     assert result.time_s < result.baselines["dp_nccl"]
 
 
+@pytest.mark.slow
 def test_kubernetes_gpu_feature_discovery_labels(tmp_path: Path) -> None:
     # GFD's README elides parts of the node with `...` lines: not YAML, and said so with its line.
     with pytest.raises(TagInputError, match=r"^kubectl get nodes \(.*\): not JSON, and not YAML: line 8: "):
