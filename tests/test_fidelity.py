@@ -85,6 +85,20 @@ def test_step_timing_median_and_interquartile_range():
     assert median_abs_error([]) is None
 
 
+def test_the_bias_by_place_in_the_round_is_each_step_over_its_graphs_median():
+    from pathlib import Path
+
+    from tag_core.runtime.interleave import Interleaved, position_bias
+
+    first = Interleaved(Path("a"), seconds=[1.2, 1.0, 1.2, 1.0], positions=[0, 1, 0, 1])  # median 1.1
+    second = Interleaved(Path("b"), seconds=[2.0, 2.4, 2.0, 2.4], positions=[1, 0, 1, 0])  # median 2.2
+    failed = Interleaved(Path("c"), error="UnavailableError")
+    bias = position_bias([first, second, failed])
+    assert [b["position"] for b in bias] == [0, 1] and [b["steps"] for b in bias] == [4, 4]
+    assert bias[0]["ratio"] == pytest.approx(1.2 / 1.1, rel=0.05) and bias[1]["ratio"] < 1.0
+    assert position_bias([Interleaved(Path("d"), seconds=[1.0])]) == []  # steps without places: no bias claimed
+
+
 def test_tag_against_the_best_alternative_within_the_noise():
     rows = [{"strategy": "single", "measured_s": 1.0, "spread_s": 0.1},
             {"strategy": "dp-nccl", "measured_s": 2.0, "spread_s": 0.5},
@@ -245,6 +259,9 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert report["median_abs_error"] >= 0 and report["tag_against_best"] is None
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing
     assert "[2/2] duplicate: emitting" in captured.err and "measuring 2 strategies interleaved" in captured.err
+    # Each place in the round with its steps' bias (two strategies, two places, 4 steps each over 2 rounds).
+    assert [b["position"] for b in report["position_bias"]] == [0, 1]
+    assert sum(b["steps"] for b in report["position_bias"]) == 8 and all(b["ratio"] > 0 for b in report["position_bias"])
     # The profile before against the one after the measurement, said in the report (--profile-after predicts from
     # the profiles after whatever it says).
     drift = report["drift"]

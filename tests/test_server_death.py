@@ -78,6 +78,9 @@ def test_a_server_killed_mid_measurement_ends_it_naming_the_task_and_keeps_the_s
     for outcome in outcomes:  # round 1 was timed in full for each graph, and stands
         assert outcome.error is None and outcome.stopped == message
         assert outcome.timing is not None and steps // rounds <= outcome.timing.steps < steps
+        # Round 1 ran the graphs in order, so every step of round 1 knows its graph's place in it.
+        assert len(outcome.positions) == len(outcome.seconds)
+        assert set(outcome.positions[:steps // rounds]) == {outcomes.index(outcome)}
 
 
 @pytest.mark.slow

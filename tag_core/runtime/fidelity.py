@@ -68,7 +68,7 @@ def measure_fidelity(model: str, batch_size: int | None, model_timeout, topology
         if folders and (settings.profile_after or settings.calibrate_after or settings.drift_check):
             window = MeasurementWindow(own, profiles, topology, settings.profile_after, settings.calibrate_after,
                                        PROFILE_RUNS, settings.rounds, db, echo, drift_check=settings.drift_check)
-        stored = _measure(settings, rows, folders, echo, window) if folders else {}
+        stored, bias = _measure(settings, rows, folders, echo, window) if folders else ({}, [])
         if window is not None:
             window()
             comm = window.comm() or comm
@@ -86,6 +86,7 @@ def measure_fidelity(model: str, batch_size: int | None, model_timeout, topology
     report.update(window.report() if window is not None else
                   {"profile_steps": None, "calibrations_during": None})
     report["drift"] = drift
+    report["position_bias"] = bias
     report["wall_s"] = time.monotonic() - started
     return report
 
@@ -166,10 +167,11 @@ def _prediction_fields(predicted: dict) -> dict:
 
 
 def _measure(settings: FidelitySettings, rows: list[dict], folders: dict[str, Path], echo,
-             between_rounds=None) -> dict[str, dict]:
+             between_rounds=None) -> tuple[dict[str, dict], list[dict]]:
     """Time every emitted strategy interleaved (calling `between_rounds` between rounds); fill in the rows.
-    Returns the `measured_steps` row of each strategy timed (stored once the predictions are final: `_store`)."""
-    from .interleave import measure_interleaved
+    Returns the `measured_steps` row of each strategy timed (stored once the predictions are final: `_store`), and
+    the steps' bias by place in the round (`position_bias`)."""
+    from .interleave import measure_interleaved, position_bias
     from .measure import measured_step_row
     from .supervisor import check_folder
 
@@ -193,7 +195,7 @@ def _measure(settings: FidelitySettings, rows: list[dict], folders: dict[str, Pa
             row["stopped"] = outcome.stopped
         echo(f"{name}: measured {timing.median_s * 1e3:.2f} ms (interquartile range {timing.spread_s * 1e3:.2f} ms), "
              f"predicted {row['predicted_s'] * 1e3:.2f} ms")
-    return stored
+    return stored, position_bias(outcomes)
 
 
 def _store(db: str | None, rows: list[dict], stored: dict[str, dict], calibration_hash: str | None) -> None:

@@ -39,6 +39,9 @@ def format_report(report: dict) -> str:
     lines.append(f"Spearman rank correlation, predicted against measured: "
                  f"{'undefined' if rho is None else f'{rho:.2f}'}")
     lines.append(f"median |error|: {'-' if error is None else f'{error:.1%}'}")
+    if report.get("position_bias"):
+        lines.append("a step over its strategy's median, by place in the round (rotated each round): " + ", ".join(
+            f"{b['position'] + 1}: {b['ratio']:.3f}" for b in report["position_bias"]))
     if report.get("drift"):
         lines.append(report["drift"]["text"])
     verdict = report["tag_against_best"]

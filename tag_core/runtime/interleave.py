@@ -49,6 +49,7 @@ class Interleaved:
 
     folder: Path
     seconds: list[float] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)  # each timed step's graph's place in its round (0: first)
     error: str | None = None
     stopped: str | None = None
 
@@ -115,6 +116,23 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
     return outcomes
 
 
+def position_bias(outcomes: list[Interleaved]) -> list[dict[str, Any]]:
+    """How a step's time goes with its graph's place in the round: per place, the median over the steps timed
+    there of each step over its own graph's median (1.0: no bias), and how many steps that is. Rotating the
+    order spreads the bias over the graphs; this says how large it is."""
+    import statistics
+
+    ratios: dict[int, list[float]] = {}
+    for outcome in outcomes:
+        if not outcome.seconds or len(outcome.positions) != len(outcome.seconds):
+            continue
+        median = statistics.median(outcome.seconds)
+        for position, seconds in zip(outcome.positions, outcome.seconds):
+            if position >= 0 and median > 0:
+                ratios.setdefault(position, []).append(seconds / median)
+    return [{"position": p, "ratio": statistics.median(r), "steps": len(r)} for p, r in sorted(ratios.items())]
+
+
 def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float, echo: Callable[[str], None],
             resume: Callable[[int], None], watch: ServerWatch) -> bool | str | None:
     """Read the child's events into `outcomes`: True when it finished, else why not (None: it just ended).
@@ -143,6 +161,7 @@ def _follow(events: queue.Queue, outcomes: list[Interleaved], deadline: float, e
             raise TagInputError(event["where"], event["message"])
         if kind == "step":
             outcomes[event["graph"]].seconds.append(event["seconds"])
+            outcomes[event["graph"]].positions.append(event.get("position", -1))
         elif kind == "error":
             died = death_within(watch)  # the server's death, not the graph's own error
             if died is not None:
@@ -225,7 +244,8 @@ def run(args) -> int:
         report("round", round=r, rounds=args.rounds)
         live = [g for g in graphs if g is not None]
         shift = r % max(len(live), 1)
-        for k, distributed, plan, meta in live[shift:] + live[:shift]:  # rotated: no graph always runs first
+        rotated = live[shift:] + live[:shift]  # no graph always runs first
+        for position, (k, distributed, plan, meta) in enumerate(rotated):
             spec = _spec_like(meta)
             try:
                 for i in range(1 + min(per_round, left[k])):  # the first step after a switch is untimed
@@ -235,7 +255,7 @@ def run(args) -> int:
                     seconds = time.perf_counter() - start
                     if i:
                         left[k] -= 1
-                        report("step", graph=k, round=r, seconds=seconds)
+                        report("step", graph=k, round=r, position=position, seconds=seconds)
             except tf.errors.OpError as exc:
                 report("error", graph=k, message=f"{type(exc).__name__}: {_headline(str(exc))}")
                 graphs[k] = None
