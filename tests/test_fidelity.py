@@ -260,8 +260,9 @@ def test_fidelity_runs_two_strategies_end_to_end(local2, capsys):
     assert report["measured_error"] is None  # no step was measured on local-2 before: the TAG row weighs nothing
     assert "[2/2] duplicate: emitting" in captured.err and "measuring 2 strategies interleaved" in captured.err
     # Each place in the round with its steps' bias (two strategies, two places, 4 steps each over 2 rounds).
-    assert [b["position"] for b in report["position_bias"]] == [0, 1]
-    assert sum(b["steps"] for b in report["position_bias"]) == 8 and all(b["ratio"] > 0 for b in report["position_bias"])
+    bias = report["position_bias"]
+    assert [b["position"] for b in bias] == [0, 1] and sum(b["steps"] for b in bias) == 8
+    assert all(b["ratio"] > 0 for b in bias) and "by place in the round" not in captured.err  # --json: no text
     # The profile before against the one after the measurement, said in the report (--profile-after predicts from
     # the profiles after whatever it says).
     drift = report["drift"]

@@ -8,10 +8,10 @@ hits both alike. A pattern is kept only when its cluster wins by a margin
 confidence interval of that median excludes no gain (paired.py): an XLA cluster
 adds executor ops of its own, and a tie is better left to TF. While that interval
 still holds the margin, the pattern is timed in more runs (up to `TUNE_RUNS_MAX`):
-a decision on a saving near the margin would otherwise flip from run to run. Patterns with the same op types and input
-shapes are timed once. Integer and boolean inputs (shapes, indices, masks) are
-the step's real values when the step can be run (`step_values`); floating
-inputs are random. On this machine that means XLA on the CPU; on a GPU host,
+a decision on a saving near the margin would otherwise flip from run to run.
+Patterns with the same op types and input shapes are timed once. Integer and
+boolean inputs (shapes, indices, masks) are the step's real values when the
+step can be run (`step_values`); floating inputs are random. On this machine that means XLA on the CPU; on a GPU host,
 the same code times GPU kernels.
 The whole step is then checked: `step_check.py`.
 """

@@ -27,8 +27,9 @@ DRIFT = 0.15  # a profiled step this much faster or slower after the measurement
 
 
 class MeasurementWindow:
-    """Called between the rounds (round index) and after the last (None). `profiles` (None without
-    --profile-after): the window's profile rows, runs numbered on; `profile_steps`: how fast each profile ran,
+    """Called between the rounds (round index) and after the last (None). `profiles` (None until a profile in
+    the window: --profile-after's, or the drift check's after the last round): the window's profile rows, runs
+    numbered on; `profile_steps`: how fast each profile ran,
     the one before first. `comm()` (None without --calibrate-after): the communication model fitted to every
     calibration sample of the window (call it once the window has closed); `calibrations`: each of the window's
     calibrations' headline terms."""
