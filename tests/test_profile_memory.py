@@ -55,3 +55,14 @@ def test_a_step_over_the_limit_is_profiled_again_without_it(tag_home, monkeypatc
 def test_the_limit_is_checked(tag_home):
     with store.connect() as conn, pytest.raises(TagInputError, match="allocator_limit"):
         profile_model(conn, resolve_model(MODEL), [2], runs=1, show_progress=False, allocator_limit=0)
+
+
+def test_initialisation_feeds_stay_well_under_an_allocator_limit(monkeypatch):
+    from tag_core.profile.profiler import INIT_CHUNK_BYTES, _init_chunk_bytes
+
+    monkeypatch.delenv(ALLOCATOR_LIMIT_ENV, raising=False)
+    assert _init_chunk_bytes() == INIT_CHUNK_BYTES
+    monkeypatch.setenv(ALLOCATOR_LIMIT_ENV, str(TIGHT))
+    assert _init_chunk_bytes() == TIGHT // 4
+    monkeypatch.setenv(ALLOCATOR_LIMIT_ENV, str(1 << 40))  # a limit far above the chunk leaves the chunk
+    assert _init_chunk_bytes() == INIT_CHUNK_BYTES

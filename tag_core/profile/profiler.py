@@ -82,6 +82,7 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
     larger variable), which keeps memory flat; one run a variable made DenseNet121's 1,800 variables take 4
     minutes, as every new set of fetches costs the session a pass over the whole 18,000-node graph."""
     rng = np.random.default_rng(seed)
+    chunk = _init_chunk_bytes()
     targets, feed, held = [], {}, 0
     for i, variable in enumerate(step.variables):
         dtype = np.dtype(variable.dtype)
@@ -94,7 +95,7 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
             value = value.astype(dtype, copy=False)
         else:
             value = np.zeros(variable.shape, dtype=dtype)
-        if targets and held + value.nbytes > INIT_CHUNK_BYTES:
+        if targets and held + value.nbytes > chunk:
             session.run(targets, feed_dict=feed)
             targets, feed, held = [], {}, 0
         targets.append(f"{INIT_SCOPE}/assign_{i}")
@@ -102,6 +103,15 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
         held += value.nbytes
     if targets:
         session.run(targets, feed_dict=feed)
+
+
+def _init_chunk_bytes() -> int:
+    """INIT_CHUNK_BYTES, or a quarter of the allocator limit this process runs under: feeds near the limit leave
+    TF's allocator waiting and retrying (a 4 MB limit on mlp's profile: 22 s longer with 64 MB runs)."""
+    from .timing import ALLOCATOR_LIMIT_ENV
+
+    limit = os.environ.get(ALLOCATOR_LIMIT_ENV, "").strip()
+    return min(INIT_CHUNK_BYTES, int(limit) // 4) if limit.isdigit() else INIT_CHUNK_BYTES
 
 
 def _session(step: TracedStep):
