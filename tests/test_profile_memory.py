@@ -58,11 +58,12 @@ def test_the_limit_is_checked(tag_home):
 
 
 def test_initialisation_feeds_stay_well_under_an_allocator_limit(monkeypatch):
-    from tag_core.profile.profiler import INIT_CHUNK_BYTES, _init_chunk_bytes
+    from tag_core.profile.profiler import INIT_CHUNK_BYTES
+    from tag_core.profile.timing import init_chunk_bytes
 
     monkeypatch.delenv(ALLOCATOR_LIMIT_ENV, raising=False)
-    assert _init_chunk_bytes() == INIT_CHUNK_BYTES
+    assert init_chunk_bytes() == INIT_CHUNK_BYTES
     monkeypatch.setenv(ALLOCATOR_LIMIT_ENV, str(TIGHT))
-    assert _init_chunk_bytes() == TIGHT // 4
+    assert init_chunk_bytes() == TIGHT // 4
     monkeypatch.setenv(ALLOCATOR_LIMIT_ENV, str(1 << 40))  # a limit far above the chunk leaves the chunk
-    assert _init_chunk_bytes() == INIT_CHUNK_BYTES
+    assert init_chunk_bytes() == INIT_CHUNK_BYTES

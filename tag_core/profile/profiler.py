@@ -76,13 +76,12 @@ def detect_device_type() -> str:
 INIT_CHUNK_BYTES = 64 << 20  # values fed to one session.run of initialisation
 
 
-def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
+def initialise_randomly(session, step: TracedStep, seed: int = 0, chunk_bytes: int = INIT_CHUNK_BYTES) -> None:
     """Small random parameters, zero optimizer slots, recorded values for small variables
-    (learning rate, step counter). The assignments go in runs of up to INIT_CHUNK_BYTES of values (or one
+    (learning rate, step counter). The assignments go in runs of up to `chunk_bytes` of values (or one
     larger variable), which keeps memory flat; one run a variable made DenseNet121's 1,800 variables take 4
     minutes, as every new set of fetches costs the session a pass over the whole 18,000-node graph."""
     rng = np.random.default_rng(seed)
-    chunk = _init_chunk_bytes()
     targets, feed, held = [], {}, 0
     for i, variable in enumerate(step.variables):
         dtype = np.dtype(variable.dtype)
@@ -95,7 +94,7 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
             value = value.astype(dtype, copy=False)
         else:
             value = np.zeros(variable.shape, dtype=dtype)
-        if targets and held + value.nbytes > chunk:
+        if targets and held + value.nbytes > chunk_bytes:
             session.run(targets, feed_dict=feed)
             targets, feed, held = [], {}, 0
         targets.append(f"{INIT_SCOPE}/assign_{i}")
@@ -103,15 +102,6 @@ def initialise_randomly(session, step: TracedStep, seed: int = 0) -> None:
         held += value.nbytes
     if targets:
         session.run(targets, feed_dict=feed)
-
-
-def _init_chunk_bytes() -> int:
-    """INIT_CHUNK_BYTES, or a quarter of the allocator limit this process runs under: feeds near the limit leave
-    TF's allocator waiting and retrying (a 4 MB limit on mlp's profile: 22 s longer with 64 MB runs)."""
-    from .timing import ALLOCATOR_LIMIT_ENV
-
-    limit = os.environ.get(ALLOCATOR_LIMIT_ENV, "").strip()
-    return min(INIT_CHUNK_BYTES, int(limit) // 4) if limit.isdigit() else INIT_CHUNK_BYTES
 
 
 def _session(step: TracedStep):
