@@ -18,8 +18,9 @@ def build_strategy(name: str, sim, profiles, budget_iterations: int, measured_er
 
         from .planner import plan
 
-        planned = plan(sim.graph, sim.topology, profiles, batch_size=sim.batch, budget=Budget(iterations=budget_iterations),
-                       comm=sim.comm, sfb=False, measured_error=measured_error)  # no SFB: the emitter builds none
+        planned = plan(sim.graph, sim.topology, profiles, batch_size=sim.batch,
+                       budget=Budget(iterations=budget_iterations), comm=sim.comm, sfb=False,
+                       measured_error=measured_error)  # no SFB: the emitter builds none
         strategy = planned.strategy
         strategy.name = "tag"
         return strategy

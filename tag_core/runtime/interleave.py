@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import queue
+import statistics
 import subprocess
 import sys
 import threading
@@ -120,8 +121,6 @@ def position_bias(outcomes: list[Interleaved]) -> list[dict[str, Any]]:
     """How a step's time goes with its graph's place in the round: per place, the median over the steps timed
     there of each step over its own graph's median (1.0: no bias), and how many steps that is. Rotating the
     order spreads the bias over the graphs; this says how large it is."""
-    import statistics
-
     ratios: dict[int, list[float]] = {}
     for outcome in outcomes:
         if not outcome.seconds or len(outcome.positions) != len(outcome.seconds):
