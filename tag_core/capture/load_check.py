@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tag_core import tf_children
 from tag_core.errors import TagInputError
 
 # Beyond the child's own limits (importing, then calling): its interpreter's and TAG's start-up.
@@ -30,7 +31,7 @@ def run_model_child(command: list[str], doing: str, backstop: float, timeout: fl
     """Run a child that runs model code under its own limits; its `tag: error:` comes back as the
     TagInputError it was, a hang its limits could not cut is killed at `backstop` seconds."""
     try:
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=backstop)
+        result = tf_children.run(command, env=env, timeout=backstop)
     except subprocess.TimeoutExpired:  # run() killed it
         raise TagInputError("model", f"{doing} in a child process did not finish within "
                                      f"{backstop:g} s (model timeout {timeout:g} s)") from None

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tag_core import store
+from tag_core import store, tf_children
 from tag_core.capture.models.spec import ModelSpec
 from tag_core.capture.steps import CHILD_TRACE_BYTES, ensure_captured, ensure_step_files
 from tag_core.capture.trace import INIT_SCOPE, TracedStep
@@ -150,7 +150,7 @@ def _run_child(job: dict, progress=None) -> tuple[list[dict], dict]:
         root = str(Path(__file__).resolve().parents[2])  # the folder that holds tag_core
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        child = subprocess.Popen([sys.executable, "-m", "tag_core.profile.timing", str(job_file)],
+        child = tf_children.popen([sys.executable, "-m", "tag_core.profile.timing", str(job_file)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         tail: deque = deque(maxlen=40)
         import threading

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from tag_core import __version__
+from tag_core import __version__, tf_children
 from tag_core.cluster.calibration import Calibration, FitRefused, Sample, fit_calibration
 from tag_core.cluster.gpu_catalog import lookup_gpu
 from tag_core.cluster.topology import Machine, Topology
@@ -79,7 +79,7 @@ def measure(target_args: list[str], tasks: int, settings: CalibrationSettings, p
 
     command = [sys.executable, "-m", "tag_core.runtime.calibration_client", *target_args, "--tasks",
                str(tasks), "--settings", json.dumps(asdict(settings)), "--wait", str(startup_s)]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    child = tf_children.popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=child_env(threads=None), start_new_session=True)
     events: queue.Queue = queue.Queue()
     stderr_tail: deque = deque(maxlen=40)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tag_core import tf_children
 from tag_core.errors import TagInputError
 
 from .measure import StepTiming
@@ -82,7 +83,7 @@ def measure_interleaved(folders: list[Path], steps: int, warmup: int, rounds: in
         command.append("--pause")
     try:
         with local_cluster(tasks.pop(), where="folders") as cluster:
-            child = subprocess.Popen(command + cluster.client_args(), stdout=subprocess.PIPE,
+            child = tf_children.popen(command + cluster.client_args(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=child_env(threads=None),
                                      start_new_session=True,
                                      stdin=subprocess.PIPE if between_rounds is not None else subprocess.DEVNULL)

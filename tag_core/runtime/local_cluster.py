@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from tag_core import tf_children
 from tag_core.errors import TagInputError
 
 from .loopback import Namespace, NamespaceRefused, child_environment, loopback_namespace
@@ -181,7 +182,7 @@ def task_servers(cluster: dict[str, list[str]], tasks: Sequence[int], cores: Seq
                        "--task-index", str(task), "--devices", str(devices_per_task), "--threads", str(threads or 0)]
             if core is not None:
                 command += ["--core", str(core)]
-            children.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            children.append(tf_children.popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                              env=child_env(threads), start_new_session=True))
         servers = _wait_until_serving(children, tasks, cluster, cores, time.monotonic() + startup_s)
         yield servers

@@ -36,6 +36,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tag_core import tf_children
 from tag_core.errors import TagInputError
 
 from .loopback import NamespaceRefused, child_environment, join_from_environment, loopback_namespace
@@ -211,7 +212,7 @@ def _supervise(command: list[str], meta: dict, deadline: float | None, timeout: 
            **child_environment()}  # in the local run's namespace, if one is held
     root = str(Path(__file__).resolve().parents[2])  # the folder that holds tag_core
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    child = tf_children.popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)  # its own process group: killed as a whole
     events: queue.Queue = queue.Queue()
     stderr_tail: deque = deque(maxlen=60)
