@@ -379,6 +379,7 @@ def _be_child(request: dict, fds: list[int]) -> None:
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        _retitle([sys.executable, "-m", request["module"], *request["argv"]])  # before environ moves
         if request["new_session"]:
             os.setsid()
         for number, fd in enumerate(fds):
@@ -426,6 +427,15 @@ def _run_module(module: str) -> int:
     except BaseException:  # noqa: BLE001 - exiting anyway
         pass
     return code
+
+
+def _retitle(command: list[str]) -> None:
+    """Show the fork in ps and /proc/PID/cmdline as the command it runs, not as its zygote."""
+    try:
+        import setproctitle
+    except ImportError:  # only the title is lost
+        return
+    setproctitle.setproctitle(" ".join(command))
 
 
 def _reopen_stdio() -> None:

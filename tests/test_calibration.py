@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_processes import started_by
 
 from tag_core import store
 from tag_core.cli import main
@@ -503,16 +504,7 @@ def test_calibrating_a_cluster_whose_other_task_serves_from_its_own_command(tag_
 
 def _measuring_children() -> list[int]:
     """Processes of tag_core.runtime.calibration_client that this test process started."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            parent = int((entry / "stat").read_text().split(")")[-1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if b"tag_core.runtime.calibration_client" in command and parent == os.getpid():
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, _ in started_by("tag_core.runtime.calibration_client")]
 
 
 @pytest.mark.slow

@@ -5,10 +5,10 @@ one cannot start a thread and aborts (DenseNet121 in `tag fidelity`)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from child_processes import started_by
 
 from tag_core.capture import resolve_model
 from tag_core.cluster import parse_topology
@@ -40,15 +40,7 @@ def _threads(pid: int) -> int:
 
 
 def _server_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else 0
-            if parent == os.getpid() and b"tag_core.runtime.local_cluster" in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return pids
+    return [pid for pid, _ in started_by("tag_core.runtime.local_cluster")]
 
 
 @pytest.mark.skipif(len(pinnable_cores()) < 2, reason="pinned tasks need a core each")

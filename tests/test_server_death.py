@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_processes import started_by
 
 from tag_core.capture import resolve_model
 from tag_core.cluster import parse_topology
@@ -34,19 +35,11 @@ def folders(tmp_path_factory) -> list[Path]:
 
 
 def _server_of_task(task: int) -> int:
-    """The pid of this process's child serving `task` (tag_core.runtime.local_cluster)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == os.getpid() and b"tag_core.runtime.local_cluster" in args and \
-                args[args.index(b"--task-index") + 1] == str(task).encode():
-            return int(entry.name)
-    raise AssertionError(f"no server of task {task} among this process's children")
+    """The pid of the process this test started that serves `task` (tag_core.runtime.local_cluster)."""
+    for pid, words in started_by("tag_core.runtime.local_cluster"):
+        if "--task-index" in words and words[words.index("--task-index") + 1] == str(task):
+            return pid
+    raise AssertionError(f"no server of task {task} among this process's descendants")
 
 
 class Killer:

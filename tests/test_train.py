@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_processes import started_by
 
 from tag_core.capture import resolve_model
 from tag_core.cli import main
@@ -198,16 +199,7 @@ def test_model_keras_loads_and_predicts_as_the_emitted_graph(uninterrupted, data
 
 
 def _trainer_pid(parent: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"tag_core.train.trainer" in cmdline:
-                return int(entry.name)
-    return None
+    return next((pid for pid, _ in started_by("tag_core.train.trainer", parent)), None)
 
 
 def test_kill_9_mid_checkpoint_leaves_the_last_complete_one(folder, data):
