@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from tag_core import tf_children
 
 MODES = ("tf", "autocluster", "jit", "tag")
 AUTOCLUSTER_FLAGS = "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"
@@ -40,7 +41,7 @@ def measure_modes(model: str, batch_size: int, step_file: str, plan_file: str | 
             env["TF_XLA_FLAGS"] = AUTOCLUSTER_FLAGS
         command = [sys.executable, "-m", "tag_core.fusion.measure", mode, model, str(batch_size), step_file,
                    plan_file or "", str(steps), str(warmup)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+        done = tf_children.run(command, env=env, timeout=timeout_s)
         if done.returncode != 0:
             raise RuntimeError(f"measuring {model} in mode {mode} failed:\n{done.stderr[-2000:]}")
         results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -65,7 +66,7 @@ def measure_paired(model: str, batch_size: int, step_file: str, plan_file: str, 
     env = dict(os.environ, TF_XLA_FLAGS=flags)
     command = [sys.executable, "-m", "tag_core.fusion.measure", "paired:" + ",".join(modes), model, str(batch_size),
                step_file, plan_file, str(rounds), str(warmup)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+    done = tf_children.run(command, env=env, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {model} paired failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
