@@ -2,11 +2,11 @@
 
 Every TF child of TAG (servers, run and measuring clients, profiles, captures, trainers) used to pay
 `import tensorflow` itself: 3 to 5 s of CPU, most of a short child's life. `popen` and `run` take a
-`python -m module ...` command and run it in a fork of a preloaded process (a zygote), one per interpreter
-and environment; anything else, or TAG_FORK_CHILDREN=0, starts a plain process. The fork runs its module as
-`python -m` would: its own stdio, environment, working folder, CPU affinity and session. Its parent is the
-zygote, which ends when the process that started it closes it or dies, so `parent_watch` still ends
-the fork then.
+`python -m module ...` command and run it in a fork of a preloaded process (a zygote, tag_core.tf_zygote),
+one per interpreter and environment; anything else, or TAG_FORK_CHILDREN=0, starts a plain process. The
+fork runs its module as `python -m` would: its own stdio, environment, working folder, CPU affinity and
+session. Its parent is the zygote, which ends when the process that started it closes it or dies, so
+`parent_watch` still ends the fork then.
 
 Forking after `import tensorflow` is safe because importing starts no TF runtime: no session, server,
 device or thread pool exists until the fork creates them.
@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 DISABLE_ENV = "TAG_FORK_CHILDREN"
-PRELOAD = "tensorflow"
+ZYGOTE_MODULE = "tag_core.tf_zygote"
 # What the interpreter, the dynamic loader, TF, Keras and numpy read while TF is imported: a fork runs with
 # its own environment, but these must match its zygote's, so they pick the zygote. The rest (TAG's, Dagster's
 # and pytest's own variables) is read later, in the fork.
@@ -41,7 +41,7 @@ LATE_NAMES = frozenset({"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP
 MAX_ZYGOTES = 2  # each holds an imported TF (~0.6 GB, shared with its forks until they write)
 IDLE_S = 60.0  # a zygote with no live fork for this long is closed
 READY_S = 180.0
-MESSAGE_BYTES = 1 << 20
+MESSAGE_BYTES = 1 << 20  # the largest message either side reads (tf_zygote's too)
 
 
 def popen(command: list[str], *, stdin=None, stdout=None, stderr=None, text: bool = False,
@@ -197,7 +197,7 @@ class _Zygote:
     def start(cls, env: dict[str, str]) -> _Zygote | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno())],
+            process = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE, str(theirs.fileno())],
                                        pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
@@ -331,126 +331,3 @@ def _child_ends(stdin, stdout, stderr) -> tuple[list[int], dict[str, int], list[
             theirs = spec if isinstance(spec, int) else spec.fileno()
         ends.append(theirs)
     return ends, ours, close_after
-
-
-# ---------------------------------------------------------------- the zygote
-
-
-def _serve(sock: socket.socket) -> None:
-    """Import TF, say ready, then fork a child per request and report each exit, until end of file."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the forks in the caller's group, not this
-    try:
-        __import__(PRELOAD)
-    except BaseException as exc:  # noqa: BLE001 - the caller falls back to plain processes
-        sock.send(json.dumps({"ready": False, "error": repr(exc)}).encode())
-        return
-    sock.send(json.dumps({"ready": True}).encode())
-    children: set[int] = set()
-    while True:
-        readable, _, _ = select.select([sock], [], [], 0.05)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children.discard(pid)
-            sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
-        if not readable:
-            continue
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 3)
-        except OSError:
-            data, fds = b"", []
-        if not data:
-            return
-        request = json.loads(data)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            _be_child(request, fds)  # never returns
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        sock.send(json.dumps({"started": pid}).encode())
-
-
-def _be_child(request: dict, fds: list[int]) -> None:
-    code = 1
-    try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        _retitle([sys.executable, "-m", request["module"], *request["argv"]])  # before environ moves
-        if request["new_session"]:
-            os.setsid()
-        for number, fd in enumerate(fds):
-            os.dup2(fd, number)
-        for fd in set(fds) - {0, 1, 2}:
-            os.close(fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.sched_setaffinity(0, request["affinity"])
-        _reopen_stdio()
-        sys.argv = [request["module"], *request["argv"]]
-        sys.path[0] = os.getcwd()  # as `python -m` sets it
-        code = _run_module(request["module"])
-    except BaseException:  # noqa: BLE001 - the fork could not become the child
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def _run_module(module: str) -> int:
-    import atexit
-    import runpy
-    import traceback
-
-    code = 0
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - printed as the interpreter would, then exit 1
-        traceback.print_exc()
-        code = 1
-    try:
-        threading._shutdown()  # wait for non-daemon threads, as interpreter exit does
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:  # noqa: BLE001 - exiting anyway
-        pass
-    return code
-
-
-def _retitle(command: list[str]) -> None:
-    """Show the fork in ps and /proc/PID/cmdline as the command it runs, not as its zygote."""
-    try:
-        import setproctitle
-    except ImportError:  # only the title is lost
-        return
-    setproctitle.setproctitle(" ".join(command))
-
-
-def _reopen_stdio() -> None:
-    """New stdio objects on the fds just installed, buffered as a new interpreter would buffer them."""
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    encoding, errors = sys.stdout.encoding, sys.stdout.errors
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.open(0, "rb", closefd=False), encoding=encoding, errors=errors)
-    for number, name in ((1, "stdout"), (2, "stderr")):
-        raw = io.open(number, "wb", buffering=0 if unbuffered else -1, closefd=False)
-        stream = io.TextIOWrapper(raw, encoding=encoding, errors="backslashreplace" if number == 2 else errors,
-                                  line_buffering=number == 2 or (not unbuffered and raw.isatty()),
-                                  write_through=unbuffered)
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-
-
-if __name__ == "__main__":
-    _serve(socket.socket(fileno=int(sys.argv[1])))

@@ -16,7 +16,8 @@ PACKAGE = ROOT / "tag_core"
 
 # Modules every stage may use; they import nothing else of tag_core.
 FOUNDATION = {"tag_core", "tag_core.artifacts", "tag_core.errors", "tag_core.files", "tag_core.limits",
-              "tag_core.disjoint_sets", "tag_core.tf_children"}
+              "tag_core.disjoint_sets", "tag_core.tf_children",
+              "tag_core.tf_zygote"}
 
 # The stages in pipeline order. A stage may import itself, the foundation and earlier rows;
 # stages on one row are independent of each other.
