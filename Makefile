@@ -5,8 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
-# Two pytest workers: most of a slow test is one core starting TensorFlow in a child process.
-# More workers would pass the suite's 8 GiB memory budget (each holds up to ~3.5 GB).
+# Two pytest workers, one a core. A third was measured no faster (11:46 against 12:11) and peaked at 9.1 GiB
+# summed PSS, past the suite's 8 GiB budget (docs/testing.md).
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15
 

@@ -39,7 +39,7 @@ IMPORT_NAMES = frozenset({"HOME", "TMPDIR", "TEMP", "TMP", "PATH", "LANG"})
 # when numpy loads, but no TF kernel runs on it).
 LATE_NAMES = frozenset({"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"})
 MAX_ZYGOTES = 2  # each holds an imported TF (~0.6 GB, shared with its forks until they write)
-IDLE_S = 60.0  # a zygote with no live fork for this long is closed
+IDLE_S = 30.0  # a zygote with no live fork for this long is closed: it holds an imported TF
 READY_S = 180.0
 MESSAGE_BYTES = 1 << 20  # the largest message either side reads (tf_zygote's too)
 
