@@ -198,7 +198,7 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE, str(theirs.fileno())],
-                                       pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                       pass_fds=[theirs.fileno()], env=_zygote_env(env), stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
             ours.close()
@@ -308,6 +308,12 @@ class _Zygote:
         with self.replied:
             self.replied.notify_all()
         self.process.wait()
+
+
+def _zygote_env(env: dict[str, str]) -> dict[str, str]:
+    """The zygote's own environment: without the late variables, so that what it loaded does not depend on
+    which child asked first."""
+    return {name: value for name, value in env.items() if name not in LATE_NAMES}
 
 
 def _child_ends(stdin, stdout, stderr) -> tuple[list[int], dict[str, int], list[int]]:
