@@ -35,9 +35,12 @@ ZYGOTE_MODULE = "tag_core.tf_zygote"
 IMPORT_PREFIXES = ("TF_", "PYTHON", "LD_", "GLIBC_", "MALLOC_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO",
                    "XLA_", "CUDA", "NVIDIA", "KERAS", "NPY_", "GRPC_", "LC_")
 IMPORT_NAMES = frozenset({"HOME", "TMPDIR", "TEMP", "TMP", "PATH", "LANG"})
-# TF reads these when a session builds its thread pools, after the import (OpenBLAS reads OMP_NUM_THREADS
-# when numpy loads, but no TF kernel runs on it).
-LATE_NAMES = frozenset({"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"})
+# Late too: TF reads the thread counts when a session builds its pools (OpenBLAS reads OMP_NUM_THREADS when
+# numpy loads, but no TF kernel runs on it); a fork sets up its stdio from PYTHONUNBUFFERED itself; and the
+# zygote always imports Keras, which children told TF_USE_LEGACY_KERAS (to skip it) never touch. So one
+# zygote serves captures, servers, clients and profiles alike.
+LATE_NAMES = frozenset({"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "PYTHONUNBUFFERED",
+                        "TF_USE_LEGACY_KERAS"})
 MAX_ZYGOTES = 2  # each holds an imported TF (~0.6 GB, shared with its forks until they write)
 IDLE_S = 30.0  # a zygote with no live fork for this long is closed: it holds an imported TF
 READY_S = 180.0
