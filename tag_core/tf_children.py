@@ -27,8 +27,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from tag_core import tf_zygote
+
 DISABLE_ENV = "TAG_FORK_CHILDREN"
-ZYGOTE_MODULE = "tag_core.tf_zygote"
 # What the interpreter, the dynamic loader, TF, Keras and numpy read while TF is imported: a fork runs with
 # its own environment, but these must match its zygote's, so they pick the zygote. The rest (TAG's, Dagster's
 # and pytest's own variables) is read later, in the fork.
@@ -44,7 +45,6 @@ LATE_NAMES = frozenset({"TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP
 MAX_ZYGOTES = 2  # each holds an imported TF (~0.6 GB, shared with its forks until they write)
 IDLE_S = 30.0  # a zygote with no live fork for this long is closed: it holds an imported TF
 READY_S = 180.0
-MESSAGE_BYTES = 1 << 20  # the largest message either side reads (tf_zygote's too)
 
 
 def popen(command: list[str], *, stdin=None, stdout=None, stderr=None, text: bool = False,
@@ -78,8 +78,8 @@ def run(command: list[str], *, env: dict[str, str] | None = None, timeout: float
 
 
 def _forkable(command: list[str], env: dict[str, str]) -> bool:
-    return (env.get(DISABLE_ENV, "1") != "0" and hasattr(socket, "send_fds") and len(command) >= 3
-            and command[0] == sys.executable and command[1] == "-m")
+    return (env.get(DISABLE_ENV, "1") != "0" and len(command) >= 3 and command[0] == sys.executable
+            and command[1] == "-m")
 
 
 def _key(env: dict[str, str]) -> tuple:
@@ -156,27 +156,12 @@ class ForkedChild:
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return results.get("out"), results.get("err")
 
-    def send_signal(self, sig: int) -> None:
+    def kill(self) -> None:
         if self.returncode is None:
             try:
-                os.kill(self.pid, sig)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def __enter__(self) -> ForkedChild:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for pipe in (self.stdin, self.stdout, self.stderr):
-            if pipe is not None:
-                pipe.close()
-        self.wait()
 
     def _exit(self, code: int) -> None:
         self.returncode = code
@@ -200,7 +185,7 @@ class _Zygote:
     def start(cls, env: dict[str, str]) -> _Zygote | None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            process = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE, str(theirs.fileno())],
+            process = subprocess.Popen([sys.executable, "-m", tf_zygote.__name__, str(theirs.fileno())],
                                        pass_fds=[theirs.fileno()], env=_zygote_env(env), stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
@@ -210,7 +195,7 @@ class _Zygote:
             theirs.close()
         ours.settimeout(READY_S)
         try:
-            ready = json.loads(ours.recv(MESSAGE_BYTES) or b"{}")
+            ready = json.loads(ours.recv(tf_zygote.MESSAGE_BYTES) or b"{}")
         except (OSError, ValueError):
             ready = {}
         if not ready.get("ready"):
@@ -255,7 +240,7 @@ class _Zygote:
             for fd in ours.values():
                 os.close(fd)
             return None
-        child = self.children[reply["started"]]
+        child = reply["child"]
         child.args = list(command)
         for name, fd in ours.items():
             mode = ("w" if name == "stdin" else "r") + ("" if text else "b")
@@ -283,14 +268,14 @@ class _Zygote:
                         self.lock.release()
                 continue
             try:
-                data = self.sock.recv(MESSAGE_BYTES)
+                data = self.sock.recv(tf_zygote.MESSAGE_BYTES)
             except OSError:
                 data = b""
             if not data:
                 break
             message = json.loads(data)
-            if "started" in message:
-                self.children[message["started"]] = ForkedChild(args=[], pid=message["started"])
+            if "started" in message:  # registered here, before its exit can arrive; the reply carries it
+                message["child"] = self.children[message["started"]] = ForkedChild(args=[], pid=message["started"])
             if "exited" in message:
                 child = self.children.pop(message["exited"], None)
                 if child is not None:

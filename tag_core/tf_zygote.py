@@ -18,7 +18,7 @@ import sys
 import threading
 
 PRELOAD = "tensorflow"
-MESSAGE_BYTES = 1 << 20
+MESSAGE_BYTES = 1 << 20  # the largest message either side reads
 # A fork starts with no signal blocked and these at their defaults, whatever the process that started the
 # zygote had blocked or ignored.
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,

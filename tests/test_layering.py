@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tag_core"
 
-# Modules every stage may use; they import nothing else of tag_core.
+# Modules every stage may use; they import no stage of tag_core.
 FOUNDATION = {"tag_core", "tag_core.artifacts", "tag_core.errors", "tag_core.files", "tag_core.limits",
               "tag_core.disjoint_sets", "tag_core.tf_children",
               "tag_core.tf_zygote"}
